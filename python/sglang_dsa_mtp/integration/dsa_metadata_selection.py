@@ -1,0 +1,62 @@
+"""Hook site: the DSA backend's choice of replay-metadata kernels.
+
+SGLang 0.5.23's ``DSAMetadataManagementMixin._init_kpool_metadata_fusion`` (run in every
+``DeepseekSparseAttnBackend.__init__``: target, draft extend and each MTP draft step) stores the three
+kernels it picked in ``_fused_decode_metadata`` / ``_fused_verify_metadata`` /
+``_fused_draft_extend_metadata``; the backend's CUDA-graph replay and the MTP precompute call only
+those attributes. After it ran, this AFTER hook swaps in the bounded kernels when they apply, and
+otherwise leaves SGLang's kernels and logs the reason once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang.srt.utils import is_cuda, is_hip
+
+from sglang_dsa_mtp.integration.log import log_once
+from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import (
+    fused_dsa_decode_metadata_bounded,
+    fused_dsa_draft_extend_metadata_bounded,
+    fused_dsa_target_verify_metadata_bounded,
+)
+from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
+
+
+def why_not_bounded(backend) -> str | None:
+    """Why ``backend`` must keep SGLang's replay-metadata kernels, or None when ours apply."""
+    enabled, why = BOUNDED_REPLAY_METADATA.state()
+    if not enabled:
+        return why
+    if is_hip():
+        return "HIP: the bounded kernels are CUDA-only"
+    if not is_cuda():
+        return "not a CUDA platform"
+    kpool = getattr(backend, "dsa_index_kpool", None)
+    if kpool != 1:
+        return f"dsa_index_kpool is {kpool}, the bounded kernels need 1"
+    if getattr(backend, "experimental_kpool_metadata_fusion", False):
+        return "KPool metadata fusion is on and owns the metadata kernels"
+    return None
+
+
+def select_bounded_metadata_kernels(result, backend, *args, **kwargs):
+    """AFTER ``_init_kpool_metadata_fusion``: point the backend at the bounded kernels when they apply."""
+    reason = why_not_bounded(backend)
+    if reason is not None:
+        log_once(
+            logging.INFO,
+            ("bounded-metadata-off", reason),
+            "sglang_dsa_mtp: DSA replay metadata keeps SGLang's kernels: %s",
+            reason,
+        )
+        return result
+    backend._fused_decode_metadata = fused_dsa_decode_metadata_bounded
+    backend._fused_verify_metadata = fused_dsa_target_verify_metadata_bounded
+    backend._fused_draft_extend_metadata = fused_dsa_draft_extend_metadata_bounded
+    log_once(
+        logging.INFO,
+        ("bounded-metadata-on",),
+        "sglang_dsa_mtp: DSA replay metadata uses the bounded kernels",
+    )
+    return result

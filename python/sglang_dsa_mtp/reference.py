@@ -1,0 +1,74 @@
+"""Load SGLang 0.5.23's own pure-Triton kernels by file path, as the references ours must match.
+
+Importing ``sglang.kernels...`` normally runs ``sglang/__init__.py`` and pulls SGLang's heavy
+dependencies, which the GPU machine does not have. These helpers find the installed (or unzipped)
+``sglang`` package without importing it and execute single kernel files under private module names.
+
+On a CPU machine SGLang's wrappers ``assert tensor.is_cuda``; ``strip_asserts=True`` compiles the
+file with ``optimize=1`` (as ``python -O`` would), so the same wrapper and kernel run on CPU tensors
+under ``TRITON_INTERPRET=1``. Nothing else about the reference changes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+_KPOOL_SCAN = "sglang.kernels.ops.attention.dsa.kpool_metadata.scan"
+_KPOOL_SCAN_FILE = "kernels/ops/attention/dsa/kpool_metadata/scan.py"
+_cache: dict[tuple[str, bool], types.ModuleType] = {}
+
+
+def sglang_root() -> Path:
+    """Directory of the ``sglang`` package, found without importing it."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "sglang is not installed or on PYTHONPATH; the SGLang 0.5.23 reference kernels are needed"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def load_sglang_file(relpath: str, *, strip_asserts: bool = False) -> types.ModuleType:
+    """Execute ``sglang/<relpath>`` as a private module and return it (cached)."""
+    key = (relpath, strip_asserts)
+    if key in _cache:
+        return _cache[key]
+    path = sglang_root() / relpath
+    name = "_sglang_reference_{}.{}".format(
+        "noassert" if strip_asserts else "plain", relpath[:-3].replace("/", ".")
+    )
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    code = compile(path.read_text(), str(path), "exec", optimize=1 if strip_asserts else 0)
+    # The KPool kernels import their split helper by absolute name; serve it from a private copy
+    # so that the ``sglang`` package itself is never imported here.
+    injected = (
+        _KPOOL_SCAN not in sys.modules
+        and "kpool_metadata/" in relpath
+        and relpath != _KPOOL_SCAN_FILE
+    )
+    if injected:
+        sys.modules[_KPOOL_SCAN] = load_sglang_file(_KPOOL_SCAN_FILE)
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if injected:
+            del sys.modules[_KPOOL_SCAN]
+    _cache[key] = module
+    return module
+
+
+def metadata_module(*, strip_asserts: bool = False) -> types.ModuleType:
+    """``sglang/kernels/ops/attention/dsa/metadata.py``: the unbounded replay-metadata kernels."""
+    return load_sglang_file("kernels/ops/attention/dsa/metadata.py", strip_asserts=strip_asserts)
+
+
+def kpool_module(op: str, *, strip_asserts: bool = False) -> types.ModuleType:
+    """``sglang/kernels/ops/attention/dsa/kpool_metadata/<op>.py`` (decode, verify, draft_extend)."""
+    return load_sglang_file(
+        f"kernels/ops/attention/dsa/kpool_metadata/{op}.py", strip_asserts=strip_asserts
+    )

@@ -1,0 +1,141 @@
+"""Kernel self-checks run by ``python -m sglang_dsa_mtp``: ours against SGLang 0.5.23's own.
+
+Each :class:`SelfCheck` compares one of our kernels with SGLang's on random inputs, bit for bit, on
+the device it is given: the GPU (at real sizes, with a timing of each arm from
+:func:`cuda_graph_time_us`) or the CPU through Triton's interpreter (at small sizes, untimed). A kernel
+joins the self-check by adding its row to ``CHECKS``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    detail: str
+    ours_us: float | None = None
+    sglang_us: float | None = None
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    name: str
+    fn: Callable[[torch.device], CheckResult]
+
+
+def run_checks(device: torch.device) -> list[tuple[SelfCheck, CheckResult]]:
+    """Run every check in ``CHECKS`` on ``device``; a check that raises is a failed check."""
+    results = []
+    for check in CHECKS:
+        try:
+            result = check.fn(device)
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            result = CheckResult(False, f"raised {type(exc).__name__}: {exc}")
+        results.append((check, result))
+    return results
+
+
+def cuda_graph_time_us(
+    fn: Callable[[], object], *, calls: int = 20, replays: int = 30, cold_l2: bool = False
+) -> float:
+    """Microseconds per call of ``fn``, replayed from a CUDA graph on the current CUDA device.
+
+    ``calls`` back-to-back calls are captured in one graph, the graph is replayed ``replays`` times,
+    each replay timed between two CUDA events, and the median replay is divided by ``calls``. With
+    ``cold_l2`` every call is preceded by a 256 MiB memset, and a graph of the memsets alone, timed
+    the same way, is subtracted: each call starts with a cold L2 cache.
+    """
+    if calls < 1 or replays < 1:
+        raise ValueError(
+            f"calls and replays must be at least 1, got calls={calls}, replays={replays}"
+        )
+    if not cold_l2:
+        return _median_replay_us(lambda: [fn() for _ in range(calls)], replays) / calls
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def flushed_calls():
+        for _ in range(calls):
+            flush.zero_()
+            fn()
+
+    flushes_only = _median_replay_us(lambda: [flush.zero_() for _ in range(calls)], replays)
+    return (_median_replay_us(flushed_calls, replays) - flushes_only) / calls
+
+
+def _median_replay_us(body: Callable[[], object], replays: int) -> float:
+    # Run once outside the capture (Triton compiles there), on a side stream as capture requires.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+def _bounded_replay_metadata(device: torch.device) -> CheckResult:
+    """The three bounded replay-metadata kernels against SGLang's, whole poisoned buffers."""
+    from sglang_dsa_mtp.reference_cases import OPS, make_case
+
+    gen = torch.Generator().manual_seed(0)
+    if device.type == "cuda":
+        width, bs = 1_048_640, 16  # SGLang's default 1M-token table
+    else:
+        width, bs = 300, 3
+    req_to_token = torch.randint(0, 1 << 30, (2 * bs, width), dtype=torch.int32, generator=gen)
+    req_to_token = req_to_token.to(device)
+    ours_us = sglang_us = 0.0
+    for op in OPS:
+        lengths = torch.randint(0, width - 8, (bs,), generator=gen).tolist()
+        case = make_case(
+            op,
+            lengths,
+            width=width,
+            device=device,
+            next_n=5,
+            req_to_token=req_to_token,
+            generator=gen,
+        )
+        expected, actual = case.run("sglang", case.outputs()), case.run("bounded", case.outputs())
+        differing = [
+            name
+            for name, t in expected.items()
+            if t is not None and not torch.equal(t, actual[name])
+        ]
+        if differing:
+            return CheckResult(False, f"{op}: {', '.join(differing)} differ from SGLang's")
+        if device.type == "cuda":
+            ours_us += cuda_graph_time_us(lambda: case.run("bounded", actual))
+            sglang_us += cuda_graph_time_us(lambda: case.run("sglang", expected))
+    detail = (
+        f"decode + verify + draft extend, bs {bs}, width {width}, random lengths: bit-identical"
+    )
+    if device.type != "cuda":
+        return CheckResult(True, detail)
+    return CheckResult(True, detail + " (times: the three ops together)", ours_us, sglang_us)
+
+
+CHECKS: tuple[SelfCheck, ...] = (
+    SelfCheck("bounded DSA replay metadata", _bounded_replay_metadata),
+)

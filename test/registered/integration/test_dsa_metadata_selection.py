@@ -1,0 +1,144 @@
+"""Which replay-metadata kernels a real SGLang DSA backend ends up with, once our hook is applied.
+
+Backends are built without a model (``object.__new__``, as SGLang's own ``dsa_metadata_kit`` does) and
+run SGLang's real ``_init_kpool_metadata_fusion``, wrapped by the plugin's real hook row.
+"""
+
+import logging
+
+import pytest
+
+pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+
+import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
+import sglang.srt.plugins
+from sglang.kernels.ops.attention.dsa import metadata as sglang_metadata
+from sglang.srt.environ import envs
+from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+from sglang.srt.plugins.hook_registry import HookRegistry
+
+from sglang_dsa_mtp import plugin
+from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
+from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
+
+OURS = (
+    bounded.fused_dsa_decode_metadata_bounded,
+    bounded.fused_dsa_target_verify_metadata_bounded,
+    bounded.fused_dsa_draft_extend_metadata_bounded,
+)
+SGLANG_UNBOUNDED = (
+    sglang_metadata.fused_dsa_decode_metadata,
+    sglang_metadata.fused_dsa_target_verify_metadata,
+    sglang_metadata.fused_dsa_draft_extend_metadata,
+)
+
+
+@pytest.fixture
+def hooked(fresh_switches, monkeypatch):
+    """SGLang's loader has run our register() with the real hook table and applied the hooks;
+    the platform is CUDA. Everything is restored afterwards."""
+    monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    monkeypatch.setattr(sglang.srt.plugins, "_plugins_loaded", False)
+    monkeypatch.setattr(plugin, "_status", None)
+    monkeypatch.setattr(
+        manager.DSAMetadataManagementMixin,
+        "_init_kpool_metadata_fusion",
+        manager.DSAMetadataManagementMixin._init_kpool_metadata_fusion,
+    )
+    monkeypatch.setenv("SGLANG_PLUGINS", plugin.ENTRY_POINT)
+    sglang.srt.plugins.load_plugins()
+    set_platform(monkeypatch, cuda=True, hip=False)
+    return monkeypatch
+
+
+def set_platform(monkeypatch, *, cuda, hip):
+    for module in (manager, selection):
+        monkeypatch.setattr(module, "is_cuda", lambda: cuda)
+        monkeypatch.setattr(module, "is_hip", lambda: hip)
+
+
+def build_backend(kpool=1, page_size=64, topk=2048, fusion=True):
+    backend = object.__new__(DeepseekSparseAttnBackend)
+    backend.dsa_index_kpool = kpool
+    backend.physical_page_size = page_size
+    backend.dsa_index_topk = topk
+    with envs.SGLANG_EXPERIMENTAL_DSA_KPOOL_METADATA_FUSION.override(fusion):
+        backend._init_kpool_metadata_fusion()
+    return backend
+
+
+def kernels(backend):
+    return (
+        backend._fused_decode_metadata,
+        backend._fused_verify_metadata,
+        backend._fused_draft_extend_metadata,
+    )
+
+
+def test_plugin_hooks_sglang_kernel_selection():
+    rows = [row for row in plugin.HOOKS if row.switch is BOUNDED_REPLAY_METADATA]
+    assert [row.target for row in rows] == [
+        "sglang.srt.layers.attention.dsa.dsa_metadata_manager."
+        "DSAMetadataManagementMixin._init_kpool_metadata_fusion"
+    ]
+
+
+def test_cuda_kpool1_without_fusion_selects_bounded_kernels(hooked):
+    assert kernels(build_backend()) == OURS
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_bounded_kernels_selected_for_every_page_size_at_kpool1(hooked, page_size):
+    assert kernels(build_backend(page_size=page_size)) == OURS
+
+
+def test_hip_keeps_sglang_kernels(hooked, caplog):
+    set_platform(hooked, cuda=False, hip=True)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert kernels(build_backend()) == SGLANG_UNBOUNDED
+    assert "HIP" in caplog.text
+
+
+def test_non_cuda_platform_keeps_sglang_kernels(hooked):
+    set_platform(hooked, cuda=False, hip=False)
+    assert kernels(build_backend()) == SGLANG_UNBOUNDED
+
+
+def test_kpool_above_1_with_fusion_keeps_sglang_kpool_kernels(hooked, caplog):
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        backend = build_backend(kpool=4, fusion=True)
+    assert backend.experimental_kpool_metadata_fusion
+    assert all(fn.keywords == {"index_kpool": 4} for fn in kernels(backend))
+    assert "dsa_index_kpool is 4" in caplog.text
+
+
+def test_kpool_above_1_without_fusion_keeps_sglang_kernels(hooked):
+    backend = build_backend(kpool=4, fusion=False)
+    assert not backend.experimental_kpool_metadata_fusion
+    assert kernels(backend) == SGLANG_UNBOUNDED
+
+
+def test_fusion_flag_set_at_kpool1_keeps_sglang_kernels(hooked, caplog):
+    """KPool fusion owns the kernels whenever it is on, whatever made it so."""
+    hooked.setattr(manager, "kpool_metadata_fusion_supported", lambda *args: True)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        backend = build_backend(kpool=1, fusion=True)
+    assert backend.experimental_kpool_metadata_fusion
+    assert kernels(backend) != OURS
+    assert "fusion is on" in caplog.text
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off"], ids=["zero", "false", "unparsable"])
+def test_kill_switch_keeps_sglang_kernels(hooked, value):
+    hooked.setenv(BOUNDED_REPLAY_METADATA.env, value)
+    assert kernels(build_backend()) == SGLANG_UNBOUNDED
+
+
+def test_fallback_reason_is_logged_once(hooked, caplog):
+    set_platform(hooked, cuda=False, hip=True)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        build_backend()
+        build_backend()
+    assert caplog.text.count("keeps SGLang's kernels") == 1

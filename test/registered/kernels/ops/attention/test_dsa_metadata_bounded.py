@@ -1,0 +1,415 @@
+"""Bounded DSA replay-metadata kernels: bit-identical to SGLang 0.5.23's own, on whole poisoned buffers.
+
+CPU tests run through Triton's interpreter at small widths (with small tiles, so that programs stride
+over several tiles); GPU tests run at SGLang's default 1M-token table and in CUDA graphs.
+"""
+
+import pytest
+import torch
+
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
+from sglang_dsa_mtp.reference_cases import POISON, compare, make_case
+
+CPU = torch.device("cpu")
+SMALL_WIDTH = 300  # not a multiple of 128 nor of 64
+SMALL_TOPK = 200  # below most lengths, so that min(length, topk) is exercised
+EDGE_LENGTHS = (0, 1, 127, 128, 129, SMALL_WIDTH - 1, SMALL_WIDTH)
+
+
+@pytest.fixture(params=[128, 1024], ids=["tile128", "tile1024"])
+def tile_n(request, monkeypatch):
+    """Run each CPU case with one-block tiles (many strided iterations) and the default tile."""
+    monkeypatch.setattr(bounded, "TILE_N", request.param)
+    return request.param
+
+
+PAGE_CONFIGS = [
+    pytest.param(1, True, id="page1"),
+    pytest.param(64, True, id="page64"),
+    pytest.param(64, False, id="page64-no-page_table_1"),
+]
+BUDGETS = [
+    pytest.param(1, id="budget-below-rows"),
+    pytest.param(5, id="budget-not-multiple-of-rows"),
+    pytest.param(100_000, id="budget-above-256-cap"),
+    pytest.param(None, id="budget-default"),
+]
+
+
+def lengths_for(bs, generator):
+    """Edge lengths (0, around 128, width - 1, width) in a random order, then random lengths."""
+    edges = [EDGE_LENGTHS[i] for i in torch.randperm(len(EDGE_LENGTHS), generator=generator)]
+    random = torch.randint(0, SMALL_WIDTH + 1, (bs,), generator=generator).tolist()
+    return (edges + random)[:bs]
+
+
+def assert_identical(case, arm="bounded", reference="sglang", budget=None):
+    differing = compare(case, arm, reference=reference, budget=budget)
+    assert not differing, f"{arm} differs from {reference} in {differing}"
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU (Triton interpreter): runs in CI
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("page_size,with_pt1", PAGE_CONFIGS)
+@pytest.mark.parametrize("bs", [1, 3, 8])
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_bounded_decode_matches_sglang(page_size, with_pt1, bs, budget, tile_n):
+    gen = torch.Generator().manual_seed(bs * 1000 + page_size)
+    case = make_case(
+        "decode",
+        lengths_for(bs, gen),
+        width=SMALL_WIDTH,
+        device=CPU,
+        topk=SMALL_TOPK,
+        page_size=page_size,
+        with_page_table_1=with_pt1,
+        generator=gen,
+    )
+    assert_identical(case, budget=budget)
+
+
+@pytest.mark.parametrize("page_size,with_pt1", PAGE_CONFIGS)
+@pytest.mark.parametrize("bs,next_n", [(1, 1), (3, 5), (8, 2)])
+@pytest.mark.parametrize("with_ctx_lens", [False, True], ids=["no-ctx-lens", "ctx-lens-2d"])
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_bounded_target_verify_matches_sglang(
+    page_size, with_pt1, bs, next_n, with_ctx_lens, budget, tile_n
+):
+    gen = torch.Generator().manual_seed(bs * 100 + next_n)
+    # Verify reads seq_lens + next_n columns: include lengths whose kv end crosses a block.
+    lengths = [max(0, n - next_n) for n in lengths_for(bs, gen)]
+    case = make_case(
+        "verify",
+        lengths,
+        width=SMALL_WIDTH,
+        device=CPU,
+        topk=SMALL_TOPK,
+        next_n=next_n,
+        page_size=page_size,
+        with_page_table_1=with_pt1,
+        with_ctx_lens_2d=with_ctx_lens,
+        generator=gen,
+    )
+    assert_identical(case, budget=budget)
+
+
+@pytest.mark.parametrize("page_size,with_pt1", PAGE_CONFIGS)
+@pytest.mark.parametrize("bs", [1, 3, 8])
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_bounded_draft_extend_static_matches_sglang(page_size, with_pt1, bs, budget, tile_n):
+    gen = torch.Generator().manual_seed(bs * 10 + page_size)
+    case = make_case(
+        "draft_extend",
+        lengths_for(bs, gen),
+        width=SMALL_WIDTH,
+        device=CPU,
+        topk=SMALL_TOPK,
+        next_n=4,
+        page_size=page_size,
+        with_page_table_1=with_pt1,
+        generator=gen,
+    )
+    assert_identical(case, budget=budget)
+
+
+@pytest.mark.parametrize("page_size,with_pt1", PAGE_CONFIGS)
+@pytest.mark.parametrize(
+    "lengths,extend_lens",
+    [
+        ([40, 200], [0, 3]),
+        ([300, 129, 5], [3, 0, 1]),
+        ([1, 1, 200, 128, 0, 77, 300, 2], [4, 1, 0, 2, 3, 4, 1, 4]),
+    ],
+    ids=["first-request-zero-extend", "mixed", "padded-rows-and-zero-lengths"],
+)
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_bounded_draft_extend_per_request_lengths_matches_sglang(
+    page_size, with_pt1, lengths, extend_lens, budget, tile_n
+):
+    case = make_case(
+        "draft_extend",
+        lengths,
+        extend_lens=extend_lens,
+        width=SMALL_WIDTH,
+        device=CPU,
+        topk=SMALL_TOPK,
+        next_n=4,
+        page_size=page_size,
+        with_page_table_1=with_pt1,
+        generator=torch.Generator().manual_seed(len(lengths)),
+    )
+    assert_identical(case, budget=budget)
+
+
+def test_bounded_draft_extend_padded_graph_rows_match_sglang():
+    """Padded graph rows carry seq_len 1 and request slot 0: lengths clamp to 0, block 0 is written."""
+    case = make_case(
+        "draft_extend",
+        [257, 1, 1],
+        req_indices=[7, 0, 0],
+        width=SMALL_WIDTH,
+        device=CPU,
+        topk=SMALL_TOPK,
+        next_n=3,
+        generator=torch.Generator().manual_seed(3),
+    )
+    assert_identical(case, budget=2)
+
+
+def test_bounded_draft_extend_total_len_zero_writes_only_request_lengths_like_sglang():
+    """With no extend rows SGLang copies seq_lens whole into cache_seqlens (so that buffer must be
+    exactly bs long, as the backend's per-bs buffers are) and writes no page table."""
+    case = make_case(
+        "draft_extend",
+        [5, 130],
+        extend_lens=[0, 0],
+        width=SMALL_WIDTH,
+        device=CPU,
+        topk=SMALL_TOPK,
+        next_n=3,
+    )
+    results = {}
+    for arm in ("sglang", "bounded"):
+        out = case.outputs()
+        out["cache_seqlens"] = out["cache_seqlens"][: case.bs]
+        results[arm] = case.run(arm, out)
+    for name, tensor in results["sglang"].items():
+        if tensor is not None:
+            assert torch.equal(tensor, results["bounded"][name]), name
+    assert results["bounded"]["cu_seqlens_k"][:3].tolist() == [0, 5, 135]
+    assert (results["bounded"]["page_table_1"] == POISON).all()
+
+
+@pytest.mark.parametrize("op", ["decode", "verify", "draft_extend"])
+def test_bounded_bs0_only_zeroes_the_cumsum_heads(op):
+    case = make_case(op, [], width=SMALL_WIDTH, device=CPU, topk=SMALL_TOPK, next_n=2)
+    assert_identical(case)
+    out = case.run("bounded", case.outputs())
+    assert out["cu_seqlens_k"][0] == 0 and out["dsa_cu_seqlens_k"][0] == 0
+    assert (out["cu_seqlens_k"][1:] == POISON).all()
+
+
+@pytest.mark.parametrize("op", ["decode", "verify", "draft_extend"])
+@pytest.mark.parametrize("width", [128, 256, 1100], ids=["w128", "w256", "w1100"])
+def test_bounded_matches_sglang_at_length_equal_width(op, width, tile_n):
+    case = make_case(
+        op, [width, width - 1, 0], width=width, device=CPU, topk=SMALL_TOPK, next_n=2, page_size=64
+    )
+    assert_identical(case, budget=3)
+
+
+@pytest.mark.parametrize("op", ["decode", "verify", "draft_extend"])
+def test_bounded_matches_sglang_kpool_kernels_at_kpool_1(op, tile_n):
+    """SGLang's own bounded-grid KPool kernels at index_kpool=1 are a second reference."""
+    gen = torch.Generator().manual_seed(7)
+    case = make_case(
+        op,
+        lengths_for(5, gen),
+        width=SMALL_WIDTH,
+        device=CPU,
+        topk=SMALL_TOPK,
+        next_n=3,
+        generator=gen,
+    )
+    assert_identical(case, reference="sglang_kpool", budget=4)
+
+
+@pytest.mark.parametrize(
+    "requests,width,budget,expected",
+    [
+        (1, 1_048_640, None, None),
+        (1, 1_048_640, 100_000, 256),
+        (16, 1_048_640, 1024, 64),
+        (3, 1_048_640, 1024, 256),
+        (40, 1_048_640, 8, 1),
+        (4, 128, 1024, 1),
+    ],
+)
+def test_bounded_grid_depends_only_on_requests_width_and_budget(requests, width, budget, expected):
+    if budget is None:
+        budget = bounded.default_budget(CPU)
+        expected = min(budget, 256)
+    assert bounded.bounded_num_splits(requests, width, budget) == expected
+
+
+# ------------------------------------------------------------------------------------------------
+# Argument checks
+# ------------------------------------------------------------------------------------------------
+
+
+def _decode_case():
+    return make_case("decode", [10, 200], width=SMALL_WIDTH, device=CPU)
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (
+            lambda kw: kw.update(req_to_token=kw["req_to_token"].long()),
+            "req_to_token must be int32",
+        ),
+        (
+            lambda kw: kw.update(page_table_1=kw["page_table_1"].long()),
+            "page_table_1 must be int32",
+        ),
+        (
+            lambda kw: kw.update(page_table_1=kw["page_table_1"][:1]),
+            "page_table_1 must be at least",
+        ),
+        (lambda kw: kw.update(real_page_table=None), "real_page_table is required"),
+        (
+            lambda kw: kw.update(cu_seqlens_k=kw["cu_seqlens_k"][:2]),
+            "cu_seqlens_k needs at least 3",
+        ),
+        (
+            lambda kw: kw.update(seq_lens=kw["seq_lens"].float()),
+            "seq_lens must be an int32 or int64",
+        ),
+        (lambda kw: kw.update(max_len=SMALL_WIDTH + 1), "width must be an int in"),
+        (lambda kw: kw.update(budget=-1), "budget must be None or an int >= 1"),
+        (lambda kw: kw.update(budget=0), "budget must be None or an int >= 1"),
+        (lambda kw: kw.update(physical_page_size=1, page_table_1=None), "page_table_1 is required"),
+    ],
+    ids=[
+        "int64-req_to_token",
+        "int64-page_table_1",
+        "short-page_table_1",
+        "missing-real_page_table",
+        "short-cu_seqlens_k",
+        "float-seq_lens",
+        "width-past-req_to_token",
+        "negative-budget",
+        "zero-budget",
+        "page1-without-page_table_1",
+    ],
+)
+def test_bounded_decode_rejects_bad_arguments_by_name(mutate, match):
+    case = _decode_case()
+    kw = case.kwargs(case.outputs())
+    kw["budget"] = None
+    mutate(kw)
+    with pytest.raises((TypeError, ValueError), match=match):
+        bounded.fused_dsa_decode_metadata_bounded(**kw)
+
+
+def test_bounded_verify_rejects_wrong_ctx_lens_shape():
+    case = make_case("verify", [10, 20], width=SMALL_WIDTH, device=CPU, topk=SMALL_TOPK, next_n=3)
+    kw = case.kwargs(case.outputs())
+    kw["paged_mqa_ctx_lens_2d"] = torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"paged_mqa_ctx_lens_2d must have shape \(bs, next_n\)"):
+        bounded.fused_dsa_target_verify_metadata_bounded(**kw)
+
+
+def test_bounded_draft_extend_rejects_total_len_past_capacity():
+    case = make_case(
+        "draft_extend", [10, 20], width=SMALL_WIDTH, device=CPU, topk=SMALL_TOPK, next_n=2
+    )
+    kw = case.kwargs(case.outputs())
+    kw["total_len"] = 5
+    with pytest.raises(ValueError, match="total_len"):
+        bounded.fused_dsa_draft_extend_metadata_bounded(**kw)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU (H200): 1M-token table, int64 addressing, CUDA graphs
+# ------------------------------------------------------------------------------------------------
+
+WIDTH_1M = 1_048_640  # SGLang's default 1M context: cdiv(width, 128) = 8193 column blocks
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(scope="module")
+def req_to_token_1m():
+    gen = torch.Generator().manual_seed(11)
+    table = torch.randint(0, 1 << 30, (40, WIDTH_1M), dtype=torch.int32, generator=gen)
+    return table.to(CUDA)
+
+
+def lengths_1m(bs, gen):
+    edges = [0, 1, 127, 128, 129, 1024, 65536, WIDTH_1M - 6, WIDTH_1M - 5, WIDTH_1M]
+    random = torch.randint(0, WIDTH_1M + 1, (bs,), generator=gen).tolist()
+    return (edges + random)[:bs] if bs < len(edges) else edges + random[: bs - len(edges)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["decode", "verify", "draft_extend"])
+@pytest.mark.parametrize("bs", [1, 4, 16, 32])
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_bounded_matches_sglang_at_1m_table(op, bs, page_size, req_to_token_1m):
+    gen = torch.Generator().manual_seed(bs)
+    lengths = lengths_1m(bs, gen)
+    if op == "verify":
+        lengths = [max(0, n - 5) for n in lengths]
+    case = make_case(
+        op,
+        lengths,
+        width=WIDTH_1M,
+        device=CUDA,
+        next_n=5,
+        page_size=page_size,
+        req_to_token=req_to_token_1m,
+        generator=gen,
+    )
+    for budget in (None, bs, 7 * bs + 3):
+        assert_identical(case, budget=budget)
+    assert_identical(case, reference="sglang_kpool")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["decode", "verify", "draft_extend"])
+def test_bounded_matches_sglang_past_int32_req_to_token_offsets(op):
+    """Request slots whose req_to_token row starts past 2**31 elements need int64 addressing."""
+    pool_rows = 2**31 // WIDTH_1M + 3
+    req_to_token = torch.empty((pool_rows, WIDTH_1M), dtype=torch.int32, device=CUDA)
+    req_to_token.random_(0, 1 << 30)
+    last = pool_rows - 1
+    assert last * WIDTH_1M > 2**31
+    case = make_case(
+        op,
+        [WIDTH_1M - 5, 70_000, 129],
+        req_indices=[last, 0, last - 1],
+        width=WIDTH_1M,
+        device=CUDA,
+        next_n=5,
+        req_to_token=req_to_token,
+    )
+    assert_identical(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["decode", "verify", "draft_extend"])
+def test_bounded_cuda_graph_replays_match_sglang_with_new_lengths(op, req_to_token_1m):
+    """Capture once; replay with growing, shrinking, zero and full-width lengths, comparing after
+    every replay against SGLang's kernel run on its own buffers through the same sequence."""
+    bs, next_n = 4, 5
+    case = make_case(
+        op, [1000] * bs, width=WIDTH_1M, device=CUDA, next_n=next_n, req_to_token=req_to_token_1m
+    )
+    seq_lens, req_pool_indices = case.seq_lens, case.req_pool_indices
+    ours, theirs = case.outputs(), case.outputs()
+    case.run("bounded", ours)  # compile before capture; SGLang's buffers see the same call
+    case.run("sglang", theirs)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        case.run("bounded", ours)
+    full = WIDTH_1M - (next_n if op == "verify" else 0)
+    rounds = [
+        [1000, 2000, 64, 129],
+        [70_000, 300_000, 128, 1_000_000],
+        [10, 0, 5, 1],
+        [0, 0, 0, 0],
+        [full, full - 1, 127, 8193 * 128 - 200],
+        [500, 1, 300_000, 9],
+    ]
+    for i, lengths in enumerate(rounds):
+        seq_lens.copy_(torch.tensor(lengths, dtype=torch.int64))
+        req_pool_indices.copy_(torch.randperm(40)[:bs])
+        graph.replay()
+        case.run("sglang", theirs)
+        torch.cuda.synchronize()
+        for name, tensor in theirs.items():
+            if tensor is not None:
+                assert torch.equal(tensor, ours[name]), f"replay {i}: {name} differs"

@@ -1,0 +1,244 @@
+"""The plugin entry point: SGLang's loader runs register(), which registers each enabled feature whole.
+
+Rows of the hook table are swapped in per test; they hook ``EnvBool.parse``, a real SGLang method that
+is cheap to call and to restore.
+"""
+
+import logging
+
+import pytest
+
+pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+
+import sglang.srt.plugins
+from sglang.srt.environ import EnvBool
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from sglang_dsa_mtp import plugin
+from sglang_dsa_mtp.plugin import ENTRY_POINT, FeatureStatus, PluginHook
+from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE
+
+TARGET = "sglang.srt.environ.EnvBool.parse"
+HOOK = f"{__name__}:record_parse"
+parsed = []
+
+
+def record_parse(result, self, value):
+    """An AFTER hook on ``EnvBool.parse``: records what was parsed, keeps the result."""
+    parsed.append((value, result))
+
+
+@pytest.fixture
+def fresh_plugin(fresh_switches, monkeypatch):
+    """A process where no plugin has loaded yet: empty hook registry, ``register()`` not yet run.
+
+    Everything is restored afterwards, including ``EnvBool.parse`` should SGLang's loader patch it.
+    """
+    monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    monkeypatch.setattr(sglang.srt.plugins, "_plugins_loaded", False)
+    monkeypatch.setattr(plugin, "_status", None)
+    monkeypatch.setattr(EnvBool, "parse", EnvBool.parse)
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    parsed.clear()
+    return monkeypatch
+
+
+def use_hooks(monkeypatch, *rows):
+    monkeypatch.setattr(plugin, "HOOKS", rows)
+
+
+def registered():
+    return {
+        target: [hook_type for hook_type, _, _ in hooks]
+        for target, hooks in HookRegistry._hooks.items()
+    }
+
+
+def plugin_warnings(caplog):
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "sglang_dsa_mtp" and r.levelno == logging.WARNING
+    ]
+
+
+# --- discovery by SGLang's own loader --------------------------------------------------------------
+
+
+def test_sglang_discovers_the_entry_point():
+    assert plugin.discovery() == (True, f"loads entry point {ENTRY_POINT!r} (sglang.srt.plugins)")
+
+
+def test_sglang_load_plugins_runs_register_and_applies_its_hooks(fresh_plugin):
+    # Whitelist only this plugin: others installed with SGLang (smg-grpc-servicer) would patch SGLang
+    # for the rest of the session.
+    fresh_plugin.setenv("SGLANG_PLUGINS", ENTRY_POINT)
+    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+
+    sglang.srt.plugins.load_plugins()
+
+    assert plugin.feature_status()[BOUNDED_REPLAY_METADATA.feature] == (True, "default on")
+    assert registered() == {TARGET: [HookType.AFTER]}
+    assert EnvBool(True).parse("yes") is True
+    assert parsed == [("yes", True)], "SGLang applied our hook to its method"
+
+
+def test_the_sglang_plugins_whitelist_can_leave_the_plugin_out(fresh_plugin):
+    fresh_plugin.setenv("SGLANG_PLUGINS", "some_other_plugin")
+    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+
+    discovered, why = plugin.discovery()
+    sglang.srt.plugins.load_plugins()
+
+    assert not discovered and "SGLANG_PLUGINS='some_other_plugin'" in why
+    assert plugin._status is None, "register() did not run"
+    assert registered() == {}
+
+
+# --- what register() registers ---------------------------------------------------------------------
+
+
+def test_the_shipped_table_resolves_completely(fresh_plugin, caplog):
+    plugin.register()
+    assert plugin_warnings(caplog) == []
+    assert len(registered()) == len({row.target for row in plugin.HOOKS})
+
+
+def test_a_feature_without_hook_rows_is_off_as_not_yet_implemented(fresh_plugin):
+    use_hooks(fresh_plugin)
+    plugin.register()
+    assert plugin.feature_status() == {
+        BOUNDED_REPLAY_METADATA.feature: (False, "not yet implemented in this version"),
+        DRAFT_ARGMAX_EXCHANGE.feature: (False, "not yet implemented in this version"),
+    }
+
+
+def test_a_switched_off_feature_registers_nothing(fresh_plugin):
+    fresh_plugin.setenv(BOUNDED_REPLAY_METADATA.env, "0")
+    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+    plugin.register()
+    assert registered() == {}
+    assert plugin.feature_status()[BOUNDED_REPLAY_METADATA.feature] == (
+        False,
+        "SGLANG_DSA_BOUNDED_REPLAY_METADATA=0",
+    )
+
+
+def test_an_unparsable_switch_registers_nothing(fresh_plugin):
+    fresh_plugin.setenv(DRAFT_ARGMAX_EXCHANGE.env, "off")
+    use_hooks(fresh_plugin, PluginHook(DRAFT_ARGMAX_EXCHANGE, TARGET, HookType.AFTER, HOOK))
+    plugin.register()
+    assert registered() == {}
+    assert not plugin.feature_status()[DRAFT_ARGMAX_EXCHANGE.feature].enabled
+
+
+@pytest.mark.parametrize(
+    "bad_row",
+    [
+        pytest.param(
+            PluginHook(
+                BOUNDED_REPLAY_METADATA,
+                "sglang.srt.environ.EnvBool.no_such_method",
+                HookType.AFTER,
+                HOOK,
+            ),
+            id="missing-attribute",
+        ),
+        pytest.param(
+            PluginHook(
+                BOUNDED_REPLAY_METADATA, "sglang.srt.no_such_module.f", HookType.AFTER, HOOK
+            ),
+            id="missing-module",
+        ),
+        pytest.param(
+            PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, f"{__name__}:no_such_hook"),
+            id="missing-hook",
+        ),
+        pytest.param(
+            PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, f"{__name__}:TARGET"),
+            id="hook-not-callable",
+        ),
+    ],
+)
+def test_a_row_that_does_not_resolve_disables_only_its_feature(bad_row, fresh_plugin, caplog):
+    good_row_same_feature = PluginHook(
+        BOUNDED_REPLAY_METADATA, "sglang.srt.environ.EnvBool.__init__", HookType.AFTER, HOOK
+    )
+    other_feature_row = PluginHook(DRAFT_ARGMAX_EXCHANGE, TARGET, HookType.AFTER, HOOK)
+    use_hooks(fresh_plugin, good_row_same_feature, bad_row, other_feature_row)
+
+    with caplog.at_level(logging.WARNING, logger="sglang_dsa_mtp"):
+        plugin.register()
+
+    assert registered() == {
+        TARGET: [HookType.AFTER]
+    }, "none of the broken feature's rows registered"
+    status = plugin.feature_status()
+    assert not status[BOUNDED_REPLAY_METADATA.feature].enabled
+    assert bad_row.target in status[BOUNDED_REPLAY_METADATA.feature].reason
+    assert status[DRAFT_ARGMAX_EXCHANGE.feature] == (True, "default on")
+    [warning] = plugin_warnings(caplog)
+    assert BOUNDED_REPLAY_METADATA.feature in warning and bad_row.target in warning
+
+
+def test_an_untested_sglang_version_turns_every_feature_off_with_one_warning(fresh_plugin, caplog):
+    fresh_plugin.setattr(plugin, "sglang_version", lambda: "0.6.0")
+    use_hooks(
+        fresh_plugin,
+        PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK),
+        PluginHook(
+            DRAFT_ARGMAX_EXCHANGE, "sglang.srt.environ.EnvBool.__init__", HookType.AFTER, HOOK
+        ),
+    )
+
+    with caplog.at_level(logging.WARNING, logger="sglang_dsa_mtp"):
+        plugin.register()
+
+    assert registered() == {}
+    [warning] = plugin_warnings(caplog)
+    assert "SGLang 0.6.0" in warning and "0.5.23" in warning
+    assert all(
+        not s.enabled and "SGLang 0.6.0" in s.reason for s in plugin.feature_status().values()
+    )
+
+
+def test_register_twice_registers_once(fresh_plugin, caplog):
+    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        plugin.register()
+        plugin.register()
+    assert registered() == {TARGET: [HookType.AFTER]}
+    assert (
+        len([r for r in caplog.records if r.levelno == logging.INFO]) == 1
+    ), "features are logged once"
+
+
+def test_register_logs_which_features_are_on_at_info(fresh_plugin, caplog):
+    fresh_plugin.setenv(DRAFT_ARGMAX_EXCHANGE.env, "0")
+    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        plugin.register()
+    [info] = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert "bounded_replay_metadata on (default on)" in info
+    assert "draft_argmax_exchange off (SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE=0)" in info
+
+
+def test_register_never_raises_into_sglang(fresh_plugin, caplog):
+    def broken_plan():
+        raise RuntimeError("boom")
+
+    fresh_plugin.setattr(plugin, "_plan", broken_plan)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        plugin.register()
+    assert any("boom" in r.exc_text for r in caplog.records if r.exc_text)
+    assert plugin.feature_status() == {
+        BOUNDED_REPLAY_METADATA.feature: FeatureStatus(False, "registration failed"),
+        DRAFT_ARGMAX_EXCHANGE.feature: FeatureStatus(False, "registration failed"),
+    }
+
+
+def test_feature_status_before_register_reports_without_registering(fresh_plugin):
+    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+    assert plugin.feature_status()[BOUNDED_REPLAY_METADATA.feature] == (True, "default on")
+    assert registered() == {}

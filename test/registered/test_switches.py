@@ -1,0 +1,62 @@
+"""Kill switches: default on, SGLang's EnvBool words, and an unparsable value turns the feature off."""
+
+import logging
+
+import pytest
+
+pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+
+from sglang_dsa_mtp.switches import ACCEPTED, BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE
+
+SWITCH_PARAMS = [
+    pytest.param(BOUNDED_REPLAY_METADATA, id="bounded_replay_metadata"),
+    pytest.param(DRAFT_ARGMAX_EXCHANGE, id="draft_argmax_exchange"),
+]
+
+
+def test_the_two_switches_are_the_spec_variables():
+    assert BOUNDED_REPLAY_METADATA.env == "SGLANG_DSA_BOUNDED_REPLAY_METADATA"
+    assert DRAFT_ARGMAX_EXCHANGE.env == "SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE"
+
+
+@pytest.mark.parametrize("switch", SWITCH_PARAMS)
+def test_an_unset_switch_is_on(switch, fresh_switches):
+    assert switch.state() == (True, "default on")
+
+
+@pytest.mark.parametrize("switch", SWITCH_PARAMS)
+@pytest.mark.parametrize("value", ["0", "false", "FALSE", "no", "n"])
+def test_a_false_word_turns_the_switch_off(switch, value, fresh_switches, monkeypatch):
+    monkeypatch.setenv(switch.env, value)
+    assert switch.state() == (False, f"{switch.env}={value}")
+    assert not switch.enabled()
+
+
+@pytest.mark.parametrize("switch", SWITCH_PARAMS)
+@pytest.mark.parametrize("value", ["1", "true", "True", "yes", "y"])
+def test_a_true_word_keeps_the_switch_on(switch, value, fresh_switches, monkeypatch):
+    monkeypatch.setenv(switch.env, value)
+    assert switch.state() == (True, f"{switch.env}={value}")
+    assert switch.enabled()
+
+
+@pytest.mark.parametrize("switch", SWITCH_PARAMS)
+@pytest.mark.parametrize("value", ["off", "2", "", " 1"])
+def test_an_unparsable_value_turns_the_switch_off_and_logs_an_error_naming_the_variable(
+    switch, value, fresh_switches, monkeypatch, caplog
+):
+    monkeypatch.setenv(switch.env, value)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        enabled, why = switch.state()
+        switch.state()
+    assert not enabled
+    assert switch.env in why and ACCEPTED in why
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, "the error is logged once per process, not on every read"
+    assert switch.env in errors[0].getMessage() and ACCEPTED in errors[0].getMessage()
+
+
+def test_each_switch_reads_only_its_own_variable(fresh_switches, monkeypatch):
+    monkeypatch.setenv(BOUNDED_REPLAY_METADATA.env, "0")
+    assert not BOUNDED_REPLAY_METADATA.enabled()
+    assert DRAFT_ARGMAX_EXCHANGE.enabled()

@@ -42,6 +42,7 @@ class PluginHook:
 
 
 _DSA_MANAGER = "sglang.srt.layers.attention.dsa.dsa_metadata_manager.DSAMetadataManagementMixin"
+_DSA_MULTI_STEP = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
 
 # Every effect this plugin has on SGLang: (switch, SGLang target, hook type, our hook).
 HOOKS: tuple[PluginHook, ...] = (
@@ -51,6 +52,19 @@ HOOKS: tuple[PluginHook, ...] = (
         f"{_DSA_MANAGER}._init_kpool_metadata_fusion",
         HookType.AFTER,
         "sglang_dsa_mtp.integration.dsa_metadata_selection:select_bounded_metadata_kernels",
+    ),
+    # One-launch MTP draft-decode metadata: keep the seed flag, then replay per captured bs.
+    PluginHook(
+        BOUNDED_REPLAY_METADATA,
+        f"{_DSA_MULTI_STEP}.__init__",
+        HookType.AROUND,
+        "sglang_dsa_mtp.integration.dsa_mtp_draft_metadata:keep_seed_flag",
+    ),
+    PluginHook(
+        BOUNDED_REPLAY_METADATA,
+        f"{_DSA_MULTI_STEP}.init_forward_metadata_out_graph",
+        HookType.AROUND,
+        "sglang_dsa_mtp.integration.dsa_mtp_draft_metadata:one_launch_out_graph",
     ),
 )
 

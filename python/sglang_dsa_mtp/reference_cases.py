@@ -4,6 +4,10 @@ A :class:`MetadataCase` holds the inputs of one replay-metadata call (decode, ta
 extend) in SGLang 0.5.23's keyword form, makes poisoned output buffers for it, and runs any arm on
 them: SGLang's unbounded kernel, SGLang's KPool kernel at ``index_kpool=1``, or ours. Comparing two
 arms compares every element of every output buffer, including what both must leave untouched.
+
+For the MTP draft decode, a decode case's buffers are made once per draft step backend:
+:func:`run_draft_decode_multi` writes them all in our one launch, :func:`run_stock_draft_decode` the way
+SGLang 0.5.23 does (its decode kernel into a ``torch.empty`` scratch, then full-width copies).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Optional
 import torch
 import triton
 
+from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.reference import kpool_module, metadata_module
 
@@ -211,3 +216,109 @@ def compare(case: MetadataCase, arm: str, reference: str = "sglang", budget=None
         for name, tensor in expected.items()
         if tensor is not None and not torch.equal(tensor, actual[name])
     ]
+
+
+# ------------------------------------------------------------------------------------------------
+# Lengths: edge cases first, then random ones
+# ------------------------------------------------------------------------------------------------
+
+SMALL_WIDTH = 300  # CPU table width: not a multiple of 128 nor of 64
+SMALL_TOPK = 200  # below most small lengths, so that min(length, topk) is exercised
+EDGE_LENGTHS = (0, 1, 127, 128, 129, SMALL_WIDTH - 1, SMALL_WIDTH)
+WIDTH_1M = 1_048_640  # SGLang's default 1M context: cdiv(width, 128) = 8193 column blocks
+
+
+def lengths_for(bs: int, generator: torch.Generator) -> list[int]:
+    """Edge lengths (0, around 128, width - 1, width) in a random order, then random lengths,
+    at :data:`SMALL_WIDTH`."""
+    edges = [EDGE_LENGTHS[i] for i in torch.randperm(len(EDGE_LENGTHS), generator=generator)]
+    random = torch.randint(0, SMALL_WIDTH + 1, (bs,), generator=generator).tolist()
+    return (edges + random)[:bs]
+
+
+def lengths_1m(bs: int, generator: torch.Generator) -> list[int]:
+    """Edge lengths of a :data:`WIDTH_1M` table first, then random lengths."""
+    edges = [0, 1, 127, 128, 129, 1024, 65536, WIDTH_1M - 6, WIDTH_1M - 5, WIDTH_1M]
+    random = torch.randint(0, WIDTH_1M + 1, (bs,), generator=generator).tolist()
+    return (edges + random)[:bs] if bs < len(edges) else edges + random[: bs - len(edges)]
+
+
+# ------------------------------------------------------------------------------------------------
+# MTP draft decode: several step backends' decode metadata for one decode case
+# ------------------------------------------------------------------------------------------------
+
+
+def run_draft_decode_multi(case: MetadataCase, outs: list[dict], budget=None) -> list[dict]:
+    """Our one launch into every one of ``outs`` (decode :meth:`MetadataCase.outputs` dicts)."""
+    draft.fused_dsa_draft_decode_metadata_multi(
+        case.seq_lens,
+        case.req_pool_indices,
+        case.req_to_token,
+        [draft.DecodeMetadataDestination(**out) for out in outs],
+        bs=case.bs,
+        max_len=case.width,
+        dsa_index_topk=case.topk,
+        physical_page_size=case.page_size,
+        budget=budget,
+    )
+    return outs
+
+
+def stock_scratch(case: MetadataCase) -> dict[str, Optional[torch.Tensor]]:
+    """The buffers SGLang 0.5.23 allocates with ``torch.empty`` on every MTP draft-decode replay
+    (``dsa_backend_mtp_precompute._precompute_decode_mode``, kpool 1): a full-width page table, the
+    compact table when the page size is above 1, and the length vectors."""
+    device, bs, width = case.req_to_token.device, case.bs, case.width
+
+    def empty(*shape):
+        return torch.empty(shape, dtype=torch.int32, device=device)
+
+    return {
+        "cache_seqlens": empty(bs),
+        "cu_seqlens_k": empty(bs + 1),
+        "page_table_1": empty(bs, width),
+        "dsa_cache_seqlens": empty(bs),
+        "dsa_cu_seqlens_k": empty(bs + 1),
+        "real_page_table": (
+            empty(bs, triton.cdiv(width, case.page_size)) if case.page_size > 1 else None
+        ),
+    }
+
+
+def stock_copy_pairs(scratch: dict, out: dict, bs: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(destination, source) of every copy SGLang 0.5.23 makes from the scratch into one step
+    backend (``fused_metadata_copy_multi_cuda`` / ``_copy_base_replay_buffers``, decode): the length
+    vectors without the cumsum heads (zero since capture), the page tables full width."""
+    if out["page_table_1"] is None:
+        raise ValueError("the stock path copies page_table_1, which every draft step backend has")
+    pairs = [
+        (out["cache_seqlens"][:bs], scratch["cache_seqlens"]),
+        (out["cu_seqlens_k"][1 : bs + 1], scratch["cu_seqlens_k"][1:]),
+        (out["page_table_1"][:bs, : scratch["page_table_1"].shape[1]], scratch["page_table_1"]),
+        (out["dsa_cache_seqlens"][:bs], scratch["dsa_cache_seqlens"]),
+        (out["dsa_cu_seqlens_k"][1 : bs + 1], scratch["dsa_cu_seqlens_k"][1:]),
+    ]
+    real = scratch["real_page_table"]
+    if real is not None:
+        pairs.append((out["real_page_table"][:bs, : real.shape[1]], real))
+    return pairs
+
+
+def run_stock_draft_decode(
+    case: MetadataCase, outs: list[dict], *, foreach: bool = False
+) -> list[dict]:
+    """SGLang 0.5.23's MTP draft-decode replay metadata (kpool 1): its decode kernel into a fresh
+    :func:`stock_scratch`, then every :func:`stock_copy_pairs` copy into each of ``outs``, one
+    ``copy_`` per buffer, or all in one ``torch._foreach_copy_`` with ``foreach``."""
+    scratch = stock_scratch(case)
+    kwargs = case.kwargs(scratch)
+    if kwargs["real_page_table"] is None:  # page size 1: SGLang passes the wide table
+        kwargs["real_page_table"] = scratch["page_table_1"]
+    kernel_for("decode", "sglang")(**kwargs)
+    pairs = [pair for out in outs for pair in stock_copy_pairs(scratch, out, case.bs)]
+    if foreach:
+        torch._foreach_copy_([dst for dst, _ in pairs], [src for _, src in pairs])
+    else:
+        for dst, src in pairs:
+            dst.copy_(src)
+    return outs

@@ -136,6 +136,49 @@ def _bounded_replay_metadata(device: torch.device) -> CheckResult:
     return CheckResult(True, detail + " (times: the three ops together)", ours_us, sglang_us)
 
 
+def _draft_decode_metadata(device: torch.device) -> CheckResult:
+    """One launch into 3 draft step backends' buffers vs SGLang's decode kernel run into each one's
+    own poisoned buffers, whole buffers; on the GPU timed against the stock precompute + copies."""
+    from sglang_dsa_mtp.reference_cases import (
+        WIDTH_1M,
+        make_case,
+        run_draft_decode_multi,
+        run_stock_draft_decode,
+    )
+
+    steps = 3
+    gen = torch.Generator().manual_seed(1)
+    if device.type == "cuda":
+        width, bs = WIDTH_1M, 16
+    else:
+        width, bs = 300, 3
+    lengths = torch.randint(0, width + 1, (bs,), generator=gen).tolist()
+    case = make_case("decode", lengths, width=width, device=device, pool_rows=2 * bs, generator=gen)
+    ours = run_draft_decode_multi(case, [case.outputs() for _ in range(steps)])
+    for i, out in enumerate(ours):
+        expected = case.run("sglang", case.outputs())
+        differing = [
+            name for name, t in expected.items() if t is not None and not torch.equal(t, out[name])
+        ]
+        if differing:
+            return CheckResult(
+                False, f"step backend {i}: {', '.join(differing)} differ from SGLang's"
+            )
+    detail = (
+        f"{steps} step backends, bs {bs}, width {width}, random lengths: each bit-identical to "
+        "SGLang's decode kernel"
+    )
+    if device.type != "cuda":
+        return CheckResult(True, detail)
+    stock = [case.outputs() for _ in range(steps)]
+    ours_us = cuda_graph_time_us(lambda: run_draft_decode_multi(case, ours))
+    stock_us = cuda_graph_time_us(lambda: run_stock_draft_decode(case, stock))
+    return CheckResult(
+        True, detail + " (SGLang time: its decode kernel + copies)", ours_us, stock_us
+    )
+
+
 CHECKS: tuple[SelfCheck, ...] = (
     SelfCheck("bounded DSA replay metadata", _bounded_replay_metadata),
+    SelfCheck("one-launch MTP draft decode metadata", _draft_decode_metadata),
 )

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sglang_dsa_mtp import selfcheck
+from sglang_dsa_mtp.devices import select_device
 from sglang_dsa_mtp.selfcheck import CheckResult, SelfCheck, cuda_graph_time_us, run_checks
 
 
@@ -70,3 +71,12 @@ def test_timing_replays_the_graph_not_the_python():
         len(calls) == 6
     ), "3 calls warm up outside the capture, 3 are captured, none run per replay"
     assert x.item() == 3 * (1 + 1 + 5), "run: the warm-up, one untimed replay, 5 timed replays"
+
+
+def test_the_one_launch_mtp_draft_metadata_check_passes_on_this_device():
+    """CPU here (small, through the interpreter); the GPU on the device machine (1M table, timed)."""
+    [check] = [c for c in selfcheck.CHECKS if c.name == "one-launch MTP draft decode metadata"]
+    device = select_device()
+    result = check.fn(device)
+    assert result.ok, result.detail
+    assert (result.ours_us is not None) == (device.type == "cuda")

@@ -11,14 +11,11 @@ import pytest
 pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
 
 import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
-import sglang.srt.plugins
 from sglang.kernels.ops.attention.dsa import metadata as sglang_metadata
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
-from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_dsa_mtp import plugin
-from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
 
@@ -32,31 +29,6 @@ SGLANG_UNBOUNDED = (
     sglang_metadata.fused_dsa_target_verify_metadata,
     sglang_metadata.fused_dsa_draft_extend_metadata,
 )
-
-
-@pytest.fixture
-def hooked(fresh_switches, monkeypatch):
-    """SGLang's loader has run our register() with the real hook table and applied the hooks;
-    the platform is CUDA. Everything is restored afterwards."""
-    monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
-    monkeypatch.setattr(HookRegistry, "_patched", set())
-    monkeypatch.setattr(sglang.srt.plugins, "_plugins_loaded", False)
-    monkeypatch.setattr(plugin, "_status", None)
-    monkeypatch.setattr(
-        manager.DSAMetadataManagementMixin,
-        "_init_kpool_metadata_fusion",
-        manager.DSAMetadataManagementMixin._init_kpool_metadata_fusion,
-    )
-    monkeypatch.setenv("SGLANG_PLUGINS", plugin.ENTRY_POINT)
-    sglang.srt.plugins.load_plugins()
-    set_platform(monkeypatch, cuda=True, hip=False)
-    return monkeypatch
-
-
-def set_platform(monkeypatch, *, cuda, hip):
-    for module in (manager, selection):
-        monkeypatch.setattr(module, "is_cuda", lambda: cuda)
-        monkeypatch.setattr(module, "is_hip", lambda: hip)
 
 
 def build_backend(kpool=1, page_size=64, topk=2048, fusion=True):
@@ -78,11 +50,11 @@ def kernels(backend):
 
 
 def test_plugin_hooks_sglang_kernel_selection():
-    rows = [row for row in plugin.HOOKS if row.switch is BOUNDED_REPLAY_METADATA]
-    assert [row.target for row in rows] == [
+    targets = {row.target for row in plugin.HOOKS if row.switch is BOUNDED_REPLAY_METADATA}
+    assert (
         "sglang.srt.layers.attention.dsa.dsa_metadata_manager."
         "DSAMetadataManagementMixin._init_kpool_metadata_fusion"
-    ]
+    ) in targets
 
 
 def test_cuda_kpool1_without_fusion_selects_bounded_kernels(hooked):
@@ -94,15 +66,15 @@ def test_bounded_kernels_selected_for_every_page_size_at_kpool1(hooked, page_siz
     assert kernels(build_backend(page_size=page_size)) == OURS
 
 
-def test_hip_keeps_sglang_kernels(hooked, caplog):
-    set_platform(hooked, cuda=False, hip=True)
+def test_hip_keeps_sglang_kernels(hooked, set_platform, caplog):
+    set_platform(cuda=False, hip=True)
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         assert kernels(build_backend()) == SGLANG_UNBOUNDED
     assert "HIP" in caplog.text
 
 
-def test_non_cuda_platform_keeps_sglang_kernels(hooked):
-    set_platform(hooked, cuda=False, hip=False)
+def test_non_cuda_platform_keeps_sglang_kernels(hooked, set_platform):
+    set_platform(cuda=False, hip=False)
     assert kernels(build_backend()) == SGLANG_UNBOUNDED
 
 
@@ -136,8 +108,8 @@ def test_kill_switch_keeps_sglang_kernels(hooked, value):
     assert kernels(build_backend()) == SGLANG_UNBOUNDED
 
 
-def test_fallback_reason_is_logged_once(hooked, caplog):
-    set_platform(hooked, cuda=False, hip=True)
+def test_fallback_reason_is_logged_once(hooked, set_platform, caplog):
+    set_platform(cuda=False, hip=True)
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         build_backend()
         build_backend()

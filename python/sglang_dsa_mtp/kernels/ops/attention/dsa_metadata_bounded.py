@@ -35,6 +35,7 @@ BLOCK_N = 128  # SGLang's column block: the write region is whole blocks of this
 TILE_N = 256  # columns one program moves per loop iteration (a multiple of BLOCK_N)
 MAX_SPLITS_PER_REQUEST = 256
 NUM_WARPS = 4
+NUM_STAGES = 3  # software-pipelined tile loads in each program's strided loop
 PROGRAMS_PER_SM = 8  # default budget on CUDA: this many page-table programs per multiprocessor
 CPU_DEFAULT_BUDGET = 64  # default budget for CPU tensors (Triton interpreter)
 
@@ -86,34 +87,165 @@ def _copy_live_tiles(
     HAS_REAL_PAGE_TABLE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     """Copy this program's share of one request's live tiles into rows first_row .. +num_rows."""
+    _copy_live_tiles_multi(
+        req_to_token,
+        page_table_1,
+        real_page_table,
+        page_table_1,
+        real_page_table,
+        page_table_1,
+        real_page_table,
+        page_table_1,
+        real_page_table,
+        req_idx,
+        kv_len,
+        first_row,
+        num_rows,
+        split,
+        num_splits,
+        width,
+        req_to_token_stride_0,
+        req_to_token_stride_1,
+        page_table_stride_0,
+        page_table_stride_1,
+        real_page_table_stride_0,
+        real_page_table_stride_1,
+        physical_page_size,
+        HAS_PAGE_TABLE_1,
+        HAS_REAL_PAGE_TABLE,
+        BLOCK_N,
+        TILE_N,
+        NUM_STAGES,
+        1,
+    )
+
+
+@triton.jit
+def _copy_live_tiles_multi(
+    req_to_token,
+    page_table_1_0,
+    real_page_table_0,
+    page_table_1_1,
+    real_page_table_1,
+    page_table_1_2,
+    real_page_table_2,
+    page_table_1_3,
+    real_page_table_3,
+    req_idx,
+    kv_len,
+    first_row,
+    num_rows,
+    split,
+    num_splits,
+    width,
+    req_to_token_stride_0,
+    req_to_token_stride_1,
+    page_table_stride_0,
+    page_table_stride_1,
+    real_page_table_stride_0,
+    real_page_table_stride_1,
+    physical_page_size: tl.constexpr,
+    HAS_PAGE_TABLE_1: tl.constexpr,
+    HAS_REAL_PAGE_TABLE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    NUM_DEST: tl.constexpr,
+):
+    """:func:`_copy_live_tiles` into the first ``NUM_DEST`` (1 to 4) destinations' tables, which
+    share their strides: each live tile is read once and stored to every destination."""
     # Whole live 128-column blocks, the last one masked by the width: SGLang's write region.
     live_end = tl.minimum(tl.cdiv(kv_len, BLOCK_N) * BLOCK_N, width)
     num_tiles = tl.cdiv(live_end, TILE_N)
     src = req_to_token + req_idx.to(tl.int64) * req_to_token_stride_0
     first_row = first_row.to(tl.int64)
-    for tile in tl.range(split, num_tiles, num_splits):
+    for tile in tl.range(split, num_tiles, num_splits, num_stages=NUM_STAGES):
         offs_n = tile * TILE_N + tl.arange(0, TILE_N)
         mask = offs_n < live_end
         vals = tl.load(src + offs_n * req_to_token_stride_1, mask=mask, other=0).to(tl.int32)
+        # page_table_1 offsets / values, then real_page_table's (one entry per page start).
+        offs = offs_n * page_table_stride_1
+        real_offs = (offs_n // physical_page_size) * real_page_table_stride_1
+        real_vals = vals // physical_page_size
         real_mask = mask & ((offs_n % physical_page_size) == 0)
         for r in range(num_rows):
             row = first_row + r
-            if HAS_PAGE_TABLE_1:
-                tl.store(
-                    page_table_1 + row * page_table_stride_0 + offs_n * page_table_stride_1,
+            offs_row = row * page_table_stride_0 + offs
+            real_offs_row = row * real_page_table_stride_0 + real_offs
+            _store_tile(
+                page_table_1_0,
+                real_page_table_0,
+                offs_row,
+                real_offs_row,
+                vals,
+                real_vals,
+                mask,
+                real_mask,
+                HAS_PAGE_TABLE_1,
+                HAS_REAL_PAGE_TABLE,
+            )
+            if NUM_DEST > 1:
+                _store_tile(
+                    page_table_1_1,
+                    real_page_table_1,
+                    offs_row,
+                    real_offs_row,
                     vals,
-                    mask=mask,
+                    real_vals,
+                    mask,
+                    real_mask,
+                    HAS_PAGE_TABLE_1,
+                    HAS_REAL_PAGE_TABLE,
                 )
-            if HAS_REAL_PAGE_TABLE:
-                tl.store(
-                    real_page_table
-                    + row * real_page_table_stride_0
-                    + (offs_n // physical_page_size) * real_page_table_stride_1,
-                    vals // physical_page_size,
-                    mask=real_mask,
+            if NUM_DEST > 2:
+                _store_tile(
+                    page_table_1_2,
+                    real_page_table_2,
+                    offs_row,
+                    real_offs_row,
+                    vals,
+                    real_vals,
+                    mask,
+                    real_mask,
+                    HAS_PAGE_TABLE_1,
+                    HAS_REAL_PAGE_TABLE,
                 )
+            if NUM_DEST > 3:
+                _store_tile(
+                    page_table_1_3,
+                    real_page_table_3,
+                    offs_row,
+                    real_offs_row,
+                    vals,
+                    real_vals,
+                    mask,
+                    real_mask,
+                    HAS_PAGE_TABLE_1,
+                    HAS_REAL_PAGE_TABLE,
+                )
+
+
+@triton.jit
+def _store_tile(
+    page_table_1,
+    real_page_table,
+    offs,
+    real_offs,
+    vals,
+    real_vals,
+    mask,
+    real_mask,
+    HAS_PAGE_TABLE_1: tl.constexpr,
+    HAS_REAL_PAGE_TABLE: tl.constexpr,
+):
+    """One destination's share of a tile: page_table_1 columns and real_page_table page starts."""
+    if HAS_PAGE_TABLE_1:
+        tl.store(page_table_1 + offs, vals, mask=mask)
+    if HAS_REAL_PAGE_TABLE:
+        tl.store(real_page_table + real_offs, real_vals, mask=real_mask)
 
 
 @triton.jit
@@ -134,6 +266,19 @@ def _store_request_seqlens(
     tl.store(cache_seqlens + offs_b, seq + add, mask=mask_b)
     _store_cumsum_from_zero(cu_seqlens_k, seq + add, mask_b)
     return seq
+
+
+@triton.jit
+def _store_decode_seqlens(
+    seq, mask_b, cache_seqlens, cu_seqlens_k, dsa_cache_seqlens, dsa_cu_seqlens_k, dsa_index_topk
+):
+    """Decode's length vectors from the loaded per-request lengths ``seq``."""
+    offs_b = tl.arange(0, seq.shape[0])
+    tl.store(cache_seqlens + offs_b, seq, mask=mask_b)
+    _store_cumsum_from_zero(cu_seqlens_k, seq, mask_b)
+    dsa_seq = tl.minimum(seq, dsa_index_topk)
+    tl.store(dsa_cache_seqlens + offs_b, dsa_seq, mask=mask_b)
+    _store_cumsum_from_zero(dsa_cu_seqlens_k, dsa_seq, mask_b)
 
 
 @triton.jit
@@ -190,16 +335,22 @@ def _bounded_decode_metadata_kernel(
     BLOCK_BS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid == 0:
-        seq = _store_request_seqlens(
-            seq_lens, seq_lens_stride, cache_seqlens, cu_seqlens_k, bs, 0, BLOCK_BS
+        offs_b = tl.arange(0, BLOCK_BS)
+        mask_b = offs_b < bs
+        seq = tl.load(seq_lens + offs_b * seq_lens_stride, mask=mask_b, other=0).to(tl.int32)
+        _store_decode_seqlens(
+            seq,
+            mask_b,
+            cache_seqlens,
+            cu_seqlens_k,
+            dsa_cache_seqlens,
+            dsa_cu_seqlens_k,
+            dsa_index_topk,
         )
-        mask_b = tl.arange(0, BLOCK_BS) < bs
-        dsa_seq = tl.minimum(seq, dsa_index_topk)
-        tl.store(dsa_cache_seqlens + tl.arange(0, BLOCK_BS), dsa_seq, mask=mask_b)
-        _store_cumsum_from_zero(dsa_cu_seqlens_k, dsa_seq, mask_b)
         return
 
     req = (pid - 1) // num_splits
@@ -228,6 +379,7 @@ def _bounded_decode_metadata_kernel(
         HAS_REAL_PAGE_TABLE,
         BLOCK_N,
         TILE_N,
+        NUM_STAGES,
     )
 
 
@@ -304,6 +456,7 @@ def fused_dsa_decode_metadata_bounded(
         BLOCK_BS=triton.next_power_of_2(bs),
         BLOCK_N=BLOCK_N,
         TILE_N=TILE_N,
+        NUM_STAGES=NUM_STAGES,
         num_warps=NUM_WARPS,
     )
 
@@ -357,6 +510,7 @@ def _bounded_target_verify_metadata_kernel(
     BLOCK_EXPANDED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid == 0:
@@ -412,6 +566,7 @@ def _bounded_target_verify_metadata_kernel(
         HAS_REAL_PAGE_TABLE,
         BLOCK_N,
         TILE_N,
+        NUM_STAGES,
     )
 
 
@@ -514,6 +669,7 @@ def fused_dsa_target_verify_metadata_bounded(
         BLOCK_EXPANDED=triton.next_power_of_2(rows),
         BLOCK_N=BLOCK_N,
         TILE_N=TILE_N,
+        NUM_STAGES=NUM_STAGES,
         num_warps=NUM_WARPS,
     )
 
@@ -568,6 +724,7 @@ def _bounded_draft_extend_metadata_kernel(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid == 0:
@@ -642,6 +799,7 @@ def _bounded_draft_extend_metadata_kernel(
         HAS_REAL_PAGE_TABLE,
         BLOCK_N,
         TILE_N,
+        NUM_STAGES,
     )
 
 
@@ -750,6 +908,7 @@ def fused_dsa_draft_extend_metadata_bounded(
         BLOCK_ROWS=triton.next_power_of_2(max_extend_len),
         BLOCK_N=BLOCK_N,
         TILE_N=TILE_N,
+        NUM_STAGES=NUM_STAGES,
         num_warps=NUM_WARPS,
     )
 

@@ -10,20 +10,30 @@ the floor = the launch gap of a one-element kernel in a graph + the bytes the op
 device-to-device copy bandwidth.
 
     python test/registered/kernels/benchmark/attention/bench_dsa_metadata_bounded.py
-    # tuning sweep of our kernel (tile width, budget):
-    python .../bench_dsa_metadata_bounded.py --arms bounded --tile-n 512,1024,2048 --budget 512,1056,2048
+    # tuning sweep of our kernel's tunables:
+    python .../bench_dsa_metadata_bounded.py --arms bounded --tune TILE_N=256,512 --tune budget=528,1056
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 import torch
 import triton
 
+from sglang_dsa_mtp.benchmarking import (
+    TUNABLE,
+    copy_bandwidth_bytes_per_us,
+    launch_floor_us,
+    markdown_header,
+    markdown_row,
+    parse_list,
+    parse_tune,
+    tunables,
+    variant_name,
+)
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.reference_cases import make_case
 from sglang_dsa_mtp.selfcheck import cuda_graph_time_us
@@ -32,32 +42,6 @@ WIDTH = 1_048_640  # cdiv(WIDTH, 128) = 8193 column blocks
 PAGE = 64
 NEXT_N = 5
 OP_NAMES = {"decode": "decode", "verify": "target verify", "draft_extend": "draft extend"}
-
-
-def parse_list(text, cast=int):
-    return [None if item == "default" else cast(item) for item in text.split(",")]
-
-
-def launch_floor_us(args) -> float:
-    one = torch.zeros(1, device="cuda")
-    return cuda_graph_time_us(lambda: one.add_(1), calls=args.calls, replays=args.replays)
-
-
-def copy_bandwidth_bytes_per_us() -> float:
-    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return 2 * src.numel() / statistics.median(times)
 
 
 def bytes_moved(case) -> int:
@@ -69,24 +53,15 @@ def bytes_moved(case) -> int:
     return 4 * (case.bs * cols + rows * (cols + triton.cdiv(cols, PAGE)) + 6 * rows)
 
 
-def variant_name(tile_n, budget, num_warps) -> str:
-    return f"ours t{tile_n} b{budget or 'def'} w{num_warps}"
-
-
-def time_arm(case, arm, out, args, tile_n=None, budget=None, num_warps=None) -> float:
-    """Microseconds per call of ``arm``; ``tile_n`` / ``num_warps`` override our module defaults."""
-    defaults = bounded.TILE_N, bounded.NUM_WARPS
-    bounded.TILE_N = tile_n or bounded.TILE_N
-    bounded.NUM_WARPS = num_warps or bounded.NUM_WARPS
-    try:
+def time_arm(case, arm, out, args, overrides=None) -> float:
+    """Microseconds per call of ``arm``; ``overrides`` set our tunables for this measurement."""
+    with tunables(bounded, overrides) as budget:
         return cuda_graph_time_us(
             lambda: case.run(arm, out, budget=budget),
             calls=args.calls,
             replays=args.replays,
             cold_l2=not args.hot_l2,
         )
-    finally:
-        bounded.TILE_N, bounded.NUM_WARPS = defaults
 
 
 def main(argv=None) -> int:
@@ -95,10 +70,12 @@ def main(argv=None) -> int:
     parser.add_argument("--live", default="1024,65536", help="live KV lengths")
     parser.add_argument("--bs", default="1,4,16")
     parser.add_argument("--arms", default="sglang,sglang_kpool,bounded")
-    parser.add_argument("--tile-n", default=str(bounded.TILE_N), help="our tile widths to sweep")
-    parser.add_argument("--budget", default="default", help="our budgets to sweep ('default')")
     parser.add_argument(
-        "--num-warps", default=str(bounded.NUM_WARPS), help="our warp counts to sweep"
+        "--tune",
+        action="append",
+        default=[],
+        metavar="NAME=v1,v2",
+        help=f"sweep one of our tunables {TUNABLE} (repeatable: every combination is timed)",
     )
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--replays", type=int, default=30)
@@ -111,13 +88,8 @@ def main(argv=None) -> int:
 
     ops, lives, batch_sizes = args.ops.split(","), parse_list(args.live), parse_list(args.bs)
     arms = args.arms.split(",")
-    variants = [
-        (t, b, w)
-        for t in parse_list(args.tile_n)
-        for b in parse_list(args.budget)
-        for w in parse_list(args.num_warps)
-    ]
-    launch = launch_floor_us(args)
+    variants = parse_tune(args.tune)
+    launch = launch_floor_us(calls=args.calls, replays=args.replays)
     bandwidth = copy_bandwidth_bytes_per_us()
     props = torch.cuda.get_device_properties(0)
     print(
@@ -135,10 +107,9 @@ def main(argv=None) -> int:
     )
     columns = [a for a in arms if a != "bounded"]
     if "bounded" in arms:
-        columns += [variant_name(*v) for v in variants]
+        columns += [variant_name(v) for v in variants]
     header = ["op", "live KV", "bs", *columns, "floor", "best ours / floor"]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
+    print(markdown_header(header))
     records = []
     for op in ops:
         for live in lives:
@@ -159,13 +130,13 @@ def main(argv=None) -> int:
                         row[arm] = time_arm(case, arm, out, args)
                         continue
                     for variant in variants:
-                        row[variant_name(*variant)] = time_arm(case, arm, out, args, *variant)
+                        row[variant_name(variant)] = time_arm(case, arm, out, args, variant)
                 floor = launch + bytes_moved(case) / bandwidth
                 ours = [v for k, v in row.items() if k.startswith("ours")]
                 ratio = f"{min(ours) / floor:.2f}" if ours else "-"
                 cells = [OP_NAMES[op], f"{live // 1024}k", str(bs)]
                 cells += [f"{row[c]:.1f}" for c in columns] + [f"{floor:.1f}", ratio]
-                print("| " + " | ".join(cells) + " |", flush=True)
+                print(markdown_row(cells), flush=True)
                 records.append(dict(op=op, live=live, bs=bs, floor_us=floor, **row))
     if args.json:
         with open(args.json, "w") as f:

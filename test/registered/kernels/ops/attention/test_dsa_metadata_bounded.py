@@ -8,20 +8,18 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.reference_cases import POISON, compare, make_case
+from sglang_dsa_mtp.reference_cases import (
+    POISON,
+    SMALL_TOPK,
+    SMALL_WIDTH,
+    WIDTH_1M,
+    compare,
+    lengths_1m,
+    lengths_for,
+    make_case,
+)
 
 CPU = torch.device("cpu")
-SMALL_WIDTH = 300  # not a multiple of 128 nor of 64
-SMALL_TOPK = 200  # below most lengths, so that min(length, topk) is exercised
-EDGE_LENGTHS = (0, 1, 127, 128, 129, SMALL_WIDTH - 1, SMALL_WIDTH)
-
-
-@pytest.fixture(params=[128, 1024], ids=["tile128", "tile1024"])
-def tile_n(request, monkeypatch):
-    """Run each CPU case with one-block tiles (many strided iterations) and the default tile."""
-    monkeypatch.setattr(bounded, "TILE_N", request.param)
-    return request.param
-
 
 PAGE_CONFIGS = [
     pytest.param(1, True, id="page1"),
@@ -34,13 +32,6 @@ BUDGETS = [
     pytest.param(100_000, id="budget-above-256-cap"),
     pytest.param(None, id="budget-default"),
 ]
-
-
-def lengths_for(bs, generator):
-    """Edge lengths (0, around 128, width - 1, width) in a random order, then random lengths."""
-    edges = [EDGE_LENGTHS[i] for i in torch.randperm(len(EDGE_LENGTHS), generator=generator)]
-    random = torch.randint(0, SMALL_WIDTH + 1, (bs,), generator=generator).tolist()
-    return (edges + random)[:bs]
 
 
 def assert_identical(case, arm="bounded", reference="sglang", budget=None):
@@ -317,21 +308,7 @@ def test_bounded_draft_extend_rejects_total_len_past_capacity():
 # GPU (H200): 1M-token table, int64 addressing, CUDA graphs
 # ------------------------------------------------------------------------------------------------
 
-WIDTH_1M = 1_048_640  # SGLang's default 1M context: cdiv(width, 128) = 8193 column blocks
 CUDA = torch.device("cuda")
-
-
-@pytest.fixture(scope="module")
-def req_to_token_1m():
-    gen = torch.Generator().manual_seed(11)
-    table = torch.randint(0, 1 << 30, (40, WIDTH_1M), dtype=torch.int32, generator=gen)
-    return table.to(CUDA)
-
-
-def lengths_1m(bs, gen):
-    edges = [0, 1, 127, 128, 129, 1024, 65536, WIDTH_1M - 6, WIDTH_1M - 5, WIDTH_1M]
-    random = torch.randint(0, WIDTH_1M + 1, (bs,), generator=gen).tolist()
-    return (edges + random)[:bs] if bs < len(edges) else edges + random[: bs - len(edges)]
 
 
 @pytest.mark.gpu

@@ -1,0 +1,87 @@
+"""Helpers shared by the kernel benchmark scripts under ``test/registered/kernels/benchmark``.
+
+The floors every benchmark prints beside its measurements (the launch gap of a one-element kernel in
+a CUDA graph, the device-to-device copy bandwidth), the ``--tune NAME=v1,v2`` sweeps of our kernels'
+tunables, and markdown table rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Optional
+
+import torch
+
+from sglang_dsa_mtp.selfcheck import cuda_graph_time_us
+
+# Module constants of dsa_metadata_bounded a sweep may override, plus the launch's ``budget``.
+TUNABLE = ("TILE_N", "NUM_WARPS", "NUM_STAGES", "budget")
+
+
+def parse_list(text: str) -> list[int]:
+    return [int(item) for item in text.split(",")]
+
+
+def launch_floor_us(calls: int = 20, replays: int = 30) -> float:
+    """Microseconds per launch of a one-element kernel, replayed from a CUDA graph (hot L2)."""
+    one = torch.zeros(1, device="cuda")
+    return cuda_graph_time_us(lambda: one.add_(1), calls=calls, replays=replays)
+
+
+def copy_bandwidth_bytes_per_us() -> float:
+    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return 2 * src.numel() / statistics.median(times)
+
+
+def parse_tune(items) -> list[dict]:
+    """``NAME=v1,v2`` items -> every combination, as {NAME: value} overrides of our defaults."""
+    variants = [{}]
+    for item in items:
+        name, _, values = item.partition("=")
+        if name not in TUNABLE or not values:
+            raise SystemExit(f"--tune takes NAME=v1,v2,... with NAME in {TUNABLE}, got {item!r}")
+        variants = [{**v, name: int(x)} for v in variants for x in values.split(",")]
+    return variants
+
+
+def variant_name(overrides: dict) -> str:
+    """Column title: "ours" for the defaults, else the overridden tunables."""
+    return " ".join(["ours", *(f"{k.lower()}={v}" for k, v in overrides.items())])
+
+
+@contextlib.contextmanager
+def tunables(module: ModuleType, overrides: Optional[dict] = None) -> Iterator[Optional[int]]:
+    """Set ``overrides`` (but ``budget``) on ``module`` inside the block; yields the budget."""
+    overrides = dict(overrides or {})
+    budget = overrides.pop("budget", None)
+    defaults = {name: getattr(module, name) for name in overrides}
+    for name, value in overrides.items():
+        setattr(module, name, value)
+    try:
+        yield budget
+    finally:
+        for name, value in defaults.items():
+            setattr(module, name, value)
+
+
+def markdown_header(header: list[str]) -> str:
+    return "| " + " | ".join(header) + " |\n" + "|" + "---|" * len(header)
+
+
+def markdown_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"

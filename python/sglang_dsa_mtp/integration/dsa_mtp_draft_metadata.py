@@ -1,0 +1,183 @@
+"""Hook site: the MTP draft-decode replay of ``DeepseekSparseAttnMultiStepBackend``.
+
+SGLang 0.5.23 replays each draft round by precomputing decode metadata into a full-width scratch table
+(``_precompute_replay_metadata``) and copying the whole width into every draft step backend's graph
+buffers. Here, for a captured bs whose step backends' tables match, one bounded launch
+(``fused_dsa_draft_decode_metadata_multi``) writes every step backend's buffers straight from
+``req_to_token``; each step backend then does the per-step work that stays:
+
+- ``set_dsa_prefill_impl(None)`` and ``forward_metadata = metadata``, as the stock copies do;
+- FlashMLA tile metadata (``flashmla_kv`` decode), computed once and copied into every step, as stock;
+- the DeepGEMM paged-MQA schedule, the top-k v2 plan and the 2-D context lengths, refreshed for
+  EVERY step backend when the draft's top-k is not seeded from draft extend (stock leaves steps 0-2
+  un-refreshed when there are 4 or more step backends), and for none when it is seeded: seeded steps
+  never run the indexer, the only reader of the three.
+
+Two hooks: AROUND ``__init__`` keeps the ``seed_dsa_topk_from_draft_extend`` flag (SGLang does not
+store it), and AROUND ``init_forward_metadata_out_graph`` decides the gate per captured bs (at
+capture, logged once per bs) and takes the one-launch path on replay.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import torch
+from sglang.srt.layers.attention.dsa_backend import _to_2d_context_lens
+from sglang.srt.utils import is_cuda, is_hip
+
+from sglang_dsa_mtp.integration.log import log_once
+from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
+    DecodeMetadataDestination,
+    fused_dsa_draft_decode_metadata_multi,
+)
+from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
+
+MAX_DESTINATIONS = 4
+SEEDED = "_sglang_dsa_mtp_seeded"  # the constructor's seed_dsa_topk_from_draft_extend
+GATES = "_sglang_dsa_mtp_one_launch"  # {bs: None when one launch applies, else the reason}
+
+
+def keep_seed_flag(original, self, *args, **kwargs):
+    """AROUND ``DeepseekSparseAttnMultiStepBackend.__init__``: remember whether steps are seeded."""
+    bound = inspect.signature(original).bind(self, *args, **kwargs)
+    bound.apply_defaults()
+    original(self, *args, **kwargs)
+    setattr(self, SEEDED, bool(bound.arguments["seed_dsa_topk_from_draft_extend"]))
+
+
+def _tables_mismatch(metas, backends) -> str | None:
+    first, m0 = backends[0], metas[0]
+    for i, (backend, m) in enumerate(zip(backends, metas)):
+        if backend.req_to_token is not first.req_to_token:
+            return f"step backend {i} reads another req_to_token than step 0"
+        for attr in ("physical_page_size", "dsa_index_topk", "dsa_decode_impl"):
+            if getattr(backend, attr) != getattr(first, attr):
+                return f"step backend {i} has another {attr} than step 0"
+        for name in ("page_table_1", "real_page_table"):
+            a, b = getattr(m, name), getattr(m0, name)
+            if (a is None) != (b is None):
+                return f"step backend {i} {'lacks' if a is None else 'has'} {name}, step 0 not"
+            if a is not None and (
+                a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype
+            ):
+                return f"step backend {i}'s {name} is {tuple(a.shape)}, step 0's {tuple(b.shape)}"
+    if m0.page_table_1 is None:
+        return "the step backends have no page_table_1"
+    if m0.page_table_1.dtype != torch.int32:
+        return f"page_table_1 is {m0.page_table_1.dtype}, not int32"
+    return None
+
+
+def why_not_one_launch(multi, bs: int) -> str | None:
+    """Why the captured ``bs`` must keep SGLang's precompute + copies, or None when one launch applies."""
+    enabled, why = BOUNDED_REPLAY_METADATA.state()
+    if not enabled:
+        return why
+    if is_hip():
+        return "HIP: the one-launch path is CUDA-only"
+    if not is_cuda():
+        return "not a CUDA platform"
+    if not hasattr(multi, SEEDED):
+        return "the backend was built before the plugin's hooks applied (seed flag unknown)"
+    backends = multi.attn_backends
+    if not 1 <= len(backends) <= MAX_DESTINATIONS:
+        return f"{len(backends)} step backends; one launch writes at most {MAX_DESTINATIONS}"
+    for i, backend in enumerate(backends):
+        if backend.dsa_index_kpool != 1:
+            return f"step backend {i} has dsa_index_kpool {backend.dsa_index_kpool}"
+        if backend.experimental_kpool_metadata_fusion:
+            return f"step backend {i} uses KPool metadata fusion"
+        if bs not in backend.decode_cuda_graph_metadata:
+            return f"step backend {i} has no CUDA-graph metadata for bs {bs}"
+    return _tables_mismatch([b.decode_cuda_graph_metadata[bs] for b in backends], backends)
+
+
+def _decide(multi, bs: int) -> str | None:
+    gates = multi.__dict__.setdefault(GATES, {})
+    if bs not in gates:
+        gates[bs] = why_not_one_launch(multi, bs)
+        if gates[bs] is None:
+            log_once(
+                logging.INFO,
+                ("one-launch", id(multi), bs),
+                "sglang_dsa_mtp: MTP draft-decode metadata for bs %d: one launch for %d steps",
+                bs,
+                len(multi.attn_backends),
+            )
+        else:
+            log_once(
+                logging.INFO,
+                ("one-launch-off", id(multi), bs),
+                "sglang_dsa_mtp: MTP draft-decode metadata for bs %d keeps SGLang's "
+                "precompute + copies: %s",
+                bs,
+                gates[bs],
+            )
+    return gates[bs]
+
+
+def one_launch_out_graph(original, self, forward_batch, in_capture=False):
+    """AROUND ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``."""
+    bs = forward_batch.batch_size
+    if in_capture:
+        result = original(self, forward_batch, in_capture=True)
+        _decide(self, bs)
+        return result
+    if _decide(self, bs) is not None:
+        return original(self, forward_batch, in_capture=False)
+    write_draft_decode_metadata(self, forward_batch, bs)
+    return None
+
+
+def write_draft_decode_metadata(multi, forward_batch, bs: int) -> None:
+    """The one-launch replay: every step backend's metadata for ``bs``, then its per-step work."""
+    backends = multi.attn_backends
+    metas = [backend.decode_cuda_graph_metadata[bs] for backend in backends]
+    first, m0 = backends[0], metas[0]
+    for backend in backends:
+        backend.set_dsa_prefill_impl(forward_batch=None)
+    page_size = first.physical_page_size
+    fused_dsa_draft_decode_metadata_multi(
+        seq_lens=forward_batch.seq_lens,
+        req_pool_indices=forward_batch.req_pool_indices,
+        req_to_token=first.req_to_token,
+        destinations=[
+            DecodeMetadataDestination(
+                cache_seqlens=m.cache_seqlens_int32,
+                cu_seqlens_k=m.cu_seqlens_k,
+                page_table_1=m.page_table_1,
+                dsa_cache_seqlens=m.dsa_cache_seqlens_int32,
+                dsa_cu_seqlens_k=m.dsa_cu_seqlens_k,
+                real_page_table=m.real_page_table if page_size > 1 else None,
+            )
+            for m in metas
+        ],
+        bs=bs,
+        max_len=m0.page_table_1.shape[1],
+        dsa_index_topk=first.dsa_index_topk,
+        physical_page_size=page_size,
+    )
+    if first.dsa_decode_impl == "flashmla_kv":
+        flashmla = first._compute_flashmla_metadata(
+            cache_seqlens=m0.dsa_cache_seqlens_int32[:bs], seq_len_q=1
+        )
+        for m in metas:
+            m.flashmla_metadata.slice(slice(0, bs + 1)).copy_(flashmla)
+    refresh = not getattr(multi, SEEDED)
+    for backend, m in zip(backends, metas):
+        if refresh:
+            _refresh_indexer_plans(backend, m, bs)
+        backend.forward_metadata = m
+
+
+def _refresh_indexer_plans(backend, metadata, bs: int) -> None:
+    """What SGLang's replay refreshes for the indexer of a decode step, from the new lengths."""
+    ctx_lens = _to_2d_context_lens(metadata.cache_seqlens_int32, bs)
+    backend._refresh_paged_mqa_schedule_metadata(metadata, ctx_lens)
+    backend._refresh_topk_v2_plan(metadata)
+    if metadata.paged_mqa_ctx_lens_2d is None:
+        object.__setattr__(metadata, "paged_mqa_ctx_lens_2d", ctx_lens)
+    else:
+        metadata.paged_mqa_ctx_lens_2d.copy_(ctx_lens)

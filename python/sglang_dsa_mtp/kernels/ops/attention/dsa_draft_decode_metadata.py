@@ -1,0 +1,383 @@
+"""One bounded launch writes the decode replay metadata of up to 4 MTP draft step backends.
+
+SGLang 0.5.23's ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph`` (kpool 1) runs
+``fused_dsa_decode_metadata`` into a freshly allocated full-width scratch table (bs x context width,
+plus the compact ``real_page_table``), then copies every scratch buffer, full width, into each draft
+step backend's CUDA-graph buffers. :func:`fused_dsa_draft_decode_metadata_multi` replaces both: one
+launch of ``1 + bs * bounded_num_splits(bs, width, budget)`` programs (the grid of
+``fused_dsa_decode_metadata_bounded``, never dependent on the live lengths) reads each live
+``req_to_token`` tile once and stores it into every destination.
+
+Each destination receives exactly what ``fused_dsa_decode_metadata_bounded`` (and so SGLang's
+``fused_dsa_decode_metadata``) writes into it: ``cache_seqlens[:bs]``, ``cu_seqlens_k[:bs + 1]``,
+``dsa_cache_seqlens[:bs]`` (``min(seq, topk)``), ``dsa_cu_seqlens_k[:bs + 1]``, and per row ``r < bs``
+the page-table columns ``c < min(width, 128 * cdiv(seq_lens[r], 128))`` of ``page_table_1`` and the
+page-start entries of that region in ``real_page_table``. Everything else keeps its old contents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
+from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import (
+    _check_common,
+    _copy_live_tiles_multi,
+    _page_tables,
+    _store_decode_seqlens,
+    bounded_num_splits,
+    default_budget,
+)
+
+MAX_DESTINATIONS = 4  # draft step backends one launch serves (EAGLE speculative_num_steps <= 5)
+
+
+class DecodeMetadataDestination(NamedTuple):
+    """One draft step backend's decode CUDA-graph metadata buffers for the captured bs.
+
+    The fields and their meaning are those of ``fused_dsa_decode_metadata``'s outputs: ``page_table_1``
+    may be None when ``physical_page_size > 1``; ``real_page_table`` is ignored (may be None) when
+    ``physical_page_size == 1``, where the compact table is ``page_table_1`` itself.
+    """
+
+    cache_seqlens: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    page_table_1: Optional[torch.Tensor]
+    dsa_cache_seqlens: torch.Tensor
+    dsa_cu_seqlens_k: torch.Tensor
+    real_page_table: Optional[torch.Tensor]
+
+
+@triton.jit(
+    do_not_specialize=[
+        "bs",
+        "width",
+        "num_splits",
+        "page_table_stride_0",
+        "real_page_table_stride_0",
+    ]
+)
+def _draft_decode_metadata_kernel(
+    seq_lens,
+    req_pool_indices,
+    req_to_token,
+    cache_seqlens_0,
+    cu_seqlens_k_0,
+    page_table_1_0,
+    dsa_cache_seqlens_0,
+    dsa_cu_seqlens_k_0,
+    real_page_table_0,
+    cache_seqlens_1,
+    cu_seqlens_k_1,
+    page_table_1_1,
+    dsa_cache_seqlens_1,
+    dsa_cu_seqlens_k_1,
+    real_page_table_1,
+    cache_seqlens_2,
+    cu_seqlens_k_2,
+    page_table_1_2,
+    dsa_cache_seqlens_2,
+    dsa_cu_seqlens_k_2,
+    real_page_table_2,
+    cache_seqlens_3,
+    cu_seqlens_k_3,
+    page_table_1_3,
+    dsa_cache_seqlens_3,
+    dsa_cu_seqlens_k_3,
+    real_page_table_3,
+    seq_lens_stride,
+    req_pool_indices_stride,
+    req_to_token_stride_0,
+    req_to_token_stride_1,
+    page_table_stride_0,
+    page_table_stride_1,
+    real_page_table_stride_0,
+    real_page_table_stride_1,
+    bs,
+    width,
+    num_splits,
+    dsa_index_topk,
+    physical_page_size: tl.constexpr,
+    HAS_PAGE_TABLE_1: tl.constexpr,
+    HAS_REAL_PAGE_TABLE: tl.constexpr,
+    NUM_DEST: tl.constexpr,
+    BLOCK_BS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid == 0:
+        offs_b = tl.arange(0, BLOCK_BS)
+        mask_b = offs_b < bs
+        seq = tl.load(seq_lens + offs_b * seq_lens_stride, mask=mask_b, other=0).to(tl.int32)
+        _store_decode_seqlens(
+            seq,
+            mask_b,
+            cache_seqlens_0,
+            cu_seqlens_k_0,
+            dsa_cache_seqlens_0,
+            dsa_cu_seqlens_k_0,
+            dsa_index_topk,
+        )
+        if NUM_DEST > 1:
+            _store_decode_seqlens(
+                seq,
+                mask_b,
+                cache_seqlens_1,
+                cu_seqlens_k_1,
+                dsa_cache_seqlens_1,
+                dsa_cu_seqlens_k_1,
+                dsa_index_topk,
+            )
+        if NUM_DEST > 2:
+            _store_decode_seqlens(
+                seq,
+                mask_b,
+                cache_seqlens_2,
+                cu_seqlens_k_2,
+                dsa_cache_seqlens_2,
+                dsa_cu_seqlens_k_2,
+                dsa_index_topk,
+            )
+        if NUM_DEST > 3:
+            _store_decode_seqlens(
+                seq,
+                mask_b,
+                cache_seqlens_3,
+                cu_seqlens_k_3,
+                dsa_cache_seqlens_3,
+                dsa_cu_seqlens_k_3,
+                dsa_index_topk,
+            )
+        return
+
+    req = (pid - 1) // num_splits
+    split = (pid - 1) - req * num_splits
+    req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride)
+    kv_len = tl.load(seq_lens + req * seq_lens_stride).to(tl.int32)
+    _copy_live_tiles_multi(
+        req_to_token,
+        page_table_1_0,
+        real_page_table_0,
+        page_table_1_1,
+        real_page_table_1,
+        page_table_1_2,
+        real_page_table_2,
+        page_table_1_3,
+        real_page_table_3,
+        req_idx,
+        kv_len,
+        req,
+        1,
+        split,
+        num_splits,
+        width,
+        req_to_token_stride_0,
+        req_to_token_stride_1,
+        page_table_stride_0,
+        page_table_stride_1,
+        real_page_table_stride_0,
+        real_page_table_stride_1,
+        physical_page_size,
+        HAS_PAGE_TABLE_1,
+        HAS_REAL_PAGE_TABLE,
+        BLOCK_N,
+        TILE_N,
+        NUM_STAGES,
+        NUM_DEST,
+    )
+
+
+def fused_dsa_draft_decode_metadata_multi(
+    seq_lens: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    destinations: Sequence[DecodeMetadataDestination],
+    bs: int,
+    max_len: int,
+    dsa_index_topk: int,
+    physical_page_size: int,
+    budget: Optional[int] = None,
+) -> None:
+    """Decode replay metadata into every one of ``destinations`` (1 to 4), in one bounded launch.
+
+    Each destination ends up exactly as ``fused_dsa_decode_metadata_bounded`` (bit-identical to
+    SGLang's ``fused_dsa_decode_metadata``) with the same arguments would leave it. The destinations
+    must match each other: the same shapes, strides and dtypes, the same presence of
+    ``page_table_1`` (and of ``real_page_table`` when ``physical_page_size > 1``), on the device of
+    ``req_to_token``. ``budget``: the most page-table programs the launch may use (at least one per
+    request); None uses :func:`~sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded.default_budget`.
+    """
+    destinations = _check_destinations(
+        seq_lens,
+        req_pool_indices,
+        req_to_token,
+        destinations,
+        bs,
+        max_len,
+        physical_page_size,
+        budget,
+    )
+    if bs == 0:
+        for dest in destinations:
+            dest.cu_seqlens_k[:1].zero_()
+            dest.dsa_cu_seqlens_k[:1].zero_()
+        return
+    tables = [
+        _page_tables(
+            dest.page_table_1,
+            dest.real_page_table,
+            bs,
+            max_len,
+            physical_page_size,
+            req_to_token.device,
+        )
+        for dest in destinations
+    ]
+    _, _, has_pt1, has_real = tables[0]
+    slots = []
+    for i in range(MAX_DESTINATIONS):  # unused slots repeat destination 0 (never dereferenced)
+        dest = destinations[i] if i < len(destinations) else destinations[0]
+        page_table_1, real_page_table, _, _ = tables[i] if i < len(tables) else tables[0]
+        slots += [
+            dest.cache_seqlens,
+            dest.cu_seqlens_k,
+            page_table_1,
+            dest.dsa_cache_seqlens,
+            dest.dsa_cu_seqlens_k,
+            real_page_table,
+        ]
+    page_table_1, real_page_table, _, _ = tables[0]
+    budget = default_budget(seq_lens.device) if budget is None else budget
+    num_splits = bounded_num_splits(bs, max_len, budget)
+    _draft_decode_metadata_kernel[(1 + bs * num_splits,)](
+        seq_lens,
+        req_pool_indices,
+        req_to_token,
+        *slots,
+        seq_lens.stride(0),
+        req_pool_indices.stride(0),
+        req_to_token.stride(0),
+        req_to_token.stride(1),
+        page_table_1.stride(0),
+        page_table_1.stride(1),
+        real_page_table.stride(0),
+        real_page_table.stride(1),
+        bs,
+        max_len,
+        num_splits,
+        dsa_index_topk,
+        physical_page_size,
+        has_pt1,
+        has_real,
+        len(destinations),
+        BLOCK_BS=triton.next_power_of_2(bs),
+        BLOCK_N=bounded.BLOCK_N,
+        TILE_N=bounded.TILE_N,
+        NUM_STAGES=bounded.NUM_STAGES,
+        num_warps=bounded.NUM_WARPS,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checks (host-only: no device synchronization on the replay path)
+# ----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _naming(prefix: str):
+    """Prefix the argument errors raised inside with ``prefix.`` (the checks name the buffer)."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{prefix}.{exc}") from None
+
+
+def _check_destinations(
+    seq_lens,
+    req_pool_indices,
+    req_to_token,
+    destinations,
+    bs,
+    width,
+    page_size,
+    budget,
+) -> tuple[DecodeMetadataDestination, ...]:
+    if isinstance(destinations, DecodeMetadataDestination) or not isinstance(
+        destinations, (list, tuple)
+    ):
+        raise TypeError(
+            "destinations must be a list or tuple of DecodeMetadataDestination, one per draft "
+            f"step backend, got {type(destinations).__name__}"
+        )
+    if not 1 <= len(destinations) <= MAX_DESTINATIONS:
+        raise ValueError(
+            f"destinations must hold 1 to {MAX_DESTINATIONS} DecodeMetadataDestination, "
+            f"got {len(destinations)}"
+        )
+    for i, dest in enumerate(destinations):
+        if not isinstance(dest, DecodeMetadataDestination):
+            raise TypeError(
+                f"destinations[{i}] must be a DecodeMetadataDestination, got {type(dest).__name__}"
+            )
+    _check_common(seq_lens, req_pool_indices, req_to_token, bs, width, page_size, budget)
+    for i, dest in enumerate(destinations):
+        with _naming(f"destinations[{i}]"):
+            _check_common(
+                seq_lens,
+                req_pool_indices,
+                req_to_token,
+                bs,
+                width,
+                page_size,
+                budget,
+                cache_seqlens=(dest.cache_seqlens, bs),
+                cu_seqlens_k=(dest.cu_seqlens_k, bs + 1),
+                dsa_cache_seqlens=(dest.dsa_cache_seqlens, bs),
+                dsa_cu_seqlens_k=(dest.dsa_cu_seqlens_k, bs + 1),
+            )
+            for name in ("cache_seqlens", "cu_seqlens_k", "dsa_cache_seqlens", "dsa_cu_seqlens_k"):
+                tensor = getattr(dest, name)
+                if tensor.stride(0) != 1:
+                    raise ValueError(f"{name} must be contiguous, got stride {tensor.stride(0)}")
+            _page_tables(
+                dest.page_table_1, dest.real_page_table, bs, width, page_size, req_to_token.device
+            )
+    # The kernel takes one set of strides (and one compile) for all destinations.
+    first = destinations[0]
+    fields = [f for f in DecodeMetadataDestination._fields if f != "real_page_table"]
+    if page_size > 1:
+        fields.append("real_page_table")
+    for i, dest in enumerate(destinations[1:], start=1):
+        for name in fields:
+            expected, tensor = getattr(first, name), getattr(dest, name)
+            if (expected is None) != (tensor is None):
+                raise ValueError(
+                    f"destinations[{i}].{name} is {_describe(tensor)} but destinations[0].{name} is "
+                    f"{_describe(expected)}: all destinations must match"
+                )
+            if tensor is not None and _layout(tensor) != _layout(expected):
+                raise ValueError(
+                    f"destinations[{i}].{name} has {_describe(tensor)}, expected "
+                    f"{_describe(expected)} as destinations[0].{name}: all destinations must match"
+                )
+    return tuple(destinations)
+
+
+def _layout(tensor: torch.Tensor) -> tuple:
+    return tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device
+
+
+def _describe(tensor: Optional[torch.Tensor]) -> str:
+    if tensor is None:
+        return "None"
+    return (
+        f"shape {tuple(tensor.shape)}, stride {tensor.stride()}, {tensor.dtype} on {tensor.device}"
+    )

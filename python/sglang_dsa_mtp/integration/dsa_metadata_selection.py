@@ -42,7 +42,10 @@ def why_not_bounded(backend) -> str | None:
 
 def select_bounded_metadata_kernels(result, backend, *args, **kwargs):
     """AFTER ``_init_kpool_metadata_fusion``: point the backend at the bounded kernels when they apply."""
-    reason = why_not_bounded(backend)
+    try:
+        reason = why_not_bounded(backend)
+    except Exception as exc:  # never take the server down: SGLang's kernels stay
+        reason = f"the gate raised {type(exc).__name__}: {exc}"
     if reason is not None:
         log_once(
             logging.INFO,

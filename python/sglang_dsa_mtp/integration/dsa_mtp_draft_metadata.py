@@ -32,9 +32,9 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
 )
+from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import MAX_DECODE_DESTINATIONS
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
 
-MAX_DESTINATIONS = 4
 SEEDED = "_sglang_dsa_mtp_seeded"  # the constructor's seed_dsa_topk_from_draft_extend
 GATES = "_sglang_dsa_mtp_one_launch"  # {bs: None when one launch applies, else the reason}
 
@@ -82,8 +82,8 @@ def why_not_one_launch(multi, bs: int) -> str | None:
     if not hasattr(multi, SEEDED):
         return "the backend was built before the plugin's hooks applied (seed flag unknown)"
     backends = multi.attn_backends
-    if not 1 <= len(backends) <= MAX_DESTINATIONS:
-        return f"{len(backends)} step backends; one launch writes at most {MAX_DESTINATIONS}"
+    if not 1 <= len(backends) <= MAX_DECODE_DESTINATIONS:
+        return f"{len(backends)} step backends; one launch writes at most {MAX_DECODE_DESTINATIONS}"
     for i, backend in enumerate(backends):
         if backend.dsa_index_kpool != 1:
             return f"step backend {i} has dsa_index_kpool {backend.dsa_index_kpool}"
@@ -127,7 +127,19 @@ def one_launch_out_graph(original, self, forward_batch, in_capture=False):
         return result
     if _decide(self, bs) is not None:
         return original(self, forward_batch, in_capture=False)
-    write_draft_decode_metadata(self, forward_batch, bs)
+    try:
+        write_draft_decode_metadata(self, forward_batch, bs)
+    except Exception as exc:  # never take the server down: SGLang's path rewrites every buffer
+        reason = f"the one launch raised {type(exc).__name__}: {exc}"
+        getattr(self, GATES)[bs] = reason
+        log_once(
+            logging.ERROR,
+            ("one-launch-failed", id(self), bs),
+            "sglang_dsa_mtp: MTP draft-decode metadata for bs %d falls back to SGLang's path: %s",
+            bs,
+            reason,
+        )
+        return original(self, forward_batch, in_capture=False)
     return None
 
 

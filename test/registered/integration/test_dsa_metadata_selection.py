@@ -16,6 +16,7 @@ from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 
 from sglang_dsa_mtp import plugin
+from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
 
@@ -114,3 +115,10 @@ def test_fallback_reason_is_logged_once(hooked, set_platform, caplog):
         build_backend()
         build_backend()
     assert caplog.text.count("keeps SGLang's kernels") == 1
+
+
+def test_a_failing_gate_keeps_sglang_kernels(hooked, caplog):
+    hooked.setattr(selection, "why_not_bounded", lambda backend: 1 / 0, raising=True)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert kernels(build_backend()) == SGLANG_UNBOUNDED
+    assert "ZeroDivisionError" in caplog.text

@@ -254,3 +254,19 @@ def test_gate_keeps_the_stock_path(hooked, set_platform, breakage, reason):
     assert stock == [3]
     for backend in multi.attn_backends:
         assert "set_dsa_prefill_impl" not in backend.calls
+
+
+def test_a_failing_one_launch_falls_back_to_sglang_for_that_bs(hooked, caplog):
+    multi = build_multi(hooked, steps=2, seeded=True)
+    multi.attn_backends[1].decode_cuda_graph_metadata[3].cu_seqlens_k = None  # breaks the launch
+    stock = []
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        for _ in range(2):
+            mtp.one_launch_out_graph(
+                lambda self, fb, in_capture=False: stock.append(fb.batch_size),
+                multi,
+                replay_batch([1, 2, 3], [0, 1, 2]),
+            )
+    assert stock == [3, 3]
+    assert "one launch raised" in getattr(multi, mtp.GATES)[3]
+    assert caplog.text.count("falls back to SGLang's path") == 1

@@ -1,0 +1,49 @@
+"""One server of one arm in the foreground, for servers the kit does not launch itself (several
+nodes: run it on every node, with that node's ``--node-rank``):
+
+    python benchmark/e2e/serve.py --arm stock --preset tp8-eagle-5-1-6 -- --model-path ... \
+        --nnodes 2 --node-rank 0 --dist-init-addr node0:5757
+
+Replaces itself with ``python -m sglang.launch_server`` with the preset's flags, then the arguments
+after ``--``, and the arm's kill switches in the environment (stock: both 0; plugin: both unset).
+"""
+
+import argparse
+import os
+import shlex
+import sys
+
+from sglang_dsa_mtp.e2e.protocol import (
+    ARMS,
+    PRESETS,
+    arm_env,
+    get_preset,
+    parse_server_args,
+    server_command,
+    split_server_args,
+)
+from sglang_dsa_mtp.switches import SWITCHES
+
+
+def main(argv: list[str]) -> None:
+    kit_argv, extra = split_server_args(argv)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="Arguments after -- go to the server."
+    )
+    parser.add_argument("--arm", required=True, choices=ARMS)
+    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    args = parser.parse_args(kit_argv)
+    server_args = [*get_preset(args.preset).server_args, *extra]
+    parse_server_args(server_args)
+    env = arm_env(args.arm, os.environ)
+    command = server_command(server_args)
+    switches = ", ".join(f"{s.env}={env.get(s.env, '(unset)')}" for s in SWITCHES)
+    print(f"arm {args.arm} ({switches}): {shlex.join(command)}", flush=True)
+    os.execvpe(command[0], command, env)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except ValueError as error:
+        sys.exit(f"serve.py: error: {error}")

@@ -72,3 +72,10 @@ def kpool_module(op: str, *, strip_asserts: bool = False) -> types.ModuleType:
     return load_sglang_file(
         f"kernels/ops/attention/dsa/kpool_metadata/{op}.py", strip_asserts=strip_asserts
     )
+
+
+def topk1_module(*, strip_asserts: bool = False) -> types.ModuleType:
+    """``sglang/kernels/ops/speculative/topk1.py``: ``draft_topk1_postprocess``, the greedy draft pick
+    on gathered logits (its asserts check shapes and strides only, so it runs on CPU tensors as is).
+    """
+    return load_sglang_file("kernels/ops/speculative/topk1.py", strip_asserts=strip_asserts)

@@ -178,7 +178,65 @@ def _draft_decode_metadata(device: torch.device) -> CheckResult:
     )
 
 
+def _draft_argmax_exchange(device: torch.device) -> CheckResult:
+    """Draft argmax partials of emulated TP 2 / 4 / 8 ranks, summed in several orders, finalized
+    with both NaN policies vs SGLang's gathered pick (``draft_topk1_postprocess``, ``torch.argmax``)
+    on bf16 logits with tie / NaN / inf rows; on the GPU timed at TP 4 against the postprocess."""
+    from sglang_dsa_mtp import draft_argmax_cases as cases
+    from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
+    from sglang_dsa_mtp.reference import topk1_module
+
+    gen = torch.Generator().manual_seed(2)
+    vocab, rows = (cases.VOCAB, 16) if device.type == "cuda" else (20011, 4)
+    for tp in (2, 4, 8):
+        width = cases.padded_shard_width(vocab, tp)
+        logits, names = cases.make_logits(
+            rows, tp, width, vocab, dtype=torch.bfloat16, generator=gen, first_pattern=tp
+        )
+        logits = logits.to(device)
+        buffers = cases.rank_buffers(logits, tp, vocab)
+        problems = cases.slot_violations(buffers, vocab)
+        sums = [cases.sum_buffers(buffers, order) for order in cases.sum_orders(tp, gen)]
+        if not all(torch.equal(sums[0], other) for other in sums[1:]):
+            problems.append("the summed exchange depends on the order of the ranks")
+        for policy in dap.NAN_POLICIES:
+            problems += cases.check_pick(sums[0], logits, vocab, policy, names=names)
+        if problems:
+            return CheckResult(False, f"TP {tp}: {problems[0]}")
+    detail = (
+        f"TP 2/4/8 emulated, vocab {vocab}, rows {rows}, bf16 with tie / NaN / inf rows, both NaN "
+        "policies: bit-identical to the gathered pick"
+    )
+    if device.type != "cuda":
+        return CheckResult(True, detail)
+    tp = 4
+    width = cases.padded_shard_width(vocab, tp)
+    logits = cases.make_logits(rows, tp, width, vocab, dtype=torch.bfloat16, generator=gen)[0]
+    logits = logits.to(device)
+    shard = logits[:, :width].contiguous()
+    exchange = cases.sum_buffers(cases.rank_buffers(logits, tp, vocab))
+    out = torch.empty_like(exchange)
+    gathered = logits[:, :vocab].float()
+    positions, draft_tokens = cases.pick_state(rows, device)
+    postprocess = topk1_module().draft_topk1_postprocess
+
+    def ours():
+        dap.draft_argmax_partials(shard, tp_rank=0, tp_size=tp, vocab_size=vocab, out=out)
+        dap.draft_argmax_finalize(exchange, positions, draft_tokens, 1)
+
+    ours_us = cuda_graph_time_us(ours)
+    sglang_us = cuda_graph_time_us(lambda: postprocess(gathered, positions, draft_tokens, 1))
+    return CheckResult(
+        True,
+        detail + " (times at TP 4: one rank's partials + finalize vs draft_topk1_postprocess on "
+        "the gathered fp32 logits, communication not included)",
+        ours_us,
+        sglang_us,
+    )
+
+
 CHECKS: tuple[SelfCheck, ...] = (
     SelfCheck("bounded DSA replay metadata", _bounded_replay_metadata),
     SelfCheck("one-launch MTP draft decode metadata", _draft_decode_metadata),
+    SelfCheck("draft argmax partials + finalize", _draft_argmax_exchange),
 )

@@ -1,0 +1,376 @@
+"""Greedy (topk=1) draft token from vocab-parallel LM-head shards, through a sum all-reduce.
+
+SGLang 0.5.23 all-gathers ``rows x vocab`` logits across the TP group and then takes an argmax
+(``draft_topk1_postprocess`` in draft decode, ``torch.argmax`` in CUDA draft extend). Here each rank
+reduces its own shard to a few argmax candidates, the TP group sums the small candidate buffers (any
+sum all-reduce: NCCL, custom, one-shot, Lamport), and a one-warp-per-row finalize picks the token:
+
+    exchange = draft_argmax_partials(logits_shard, tp_rank=r, tp_size=n, vocab_size=v)
+    all_reduce(exchange)                       # SUM, in place, any implementation
+    topk_p, topk_index = draft_argmax_finalize(exchange, positions, draft_tokens, column)
+
+The result is bit-identical to the gathered path: the shards concatenated over ranks, sliced to
+``[:, :vocab_size]``, converted to fp32 (exact from bf16), then ``draft_topk1_postprocess``
+(``nan_policy="sanitize"``) or ``torch.argmax`` (``nan_policy="propagate"``), ties and infinities
+included.
+
+Exchange buffer
+---------------
+``float32 [rows, tp_size * splits_per_rank(shard_width) * 4]``, the same shape on every rank. Viewed as
+``[rows, tp_size, splits_per_rank, 4]``, rank ``r`` writes its candidates into ``[:, r]`` and exact
+``+0.0`` everywhere else, so the element-wise sum over ranks, in any order and any association, holds
+every rank's candidates bit for bit. Split ``s`` of rank ``r`` covers the shard's columns
+``[s * SPLIT_N, (s + 1) * SPLIT_N)``, i.e. global columns ``r * shard_width + s * SPLIT_N ...``; the
+columns at global index ``>= vocab_size`` (vocab padding) are never read. The buffer is 2-D because
+that is what SGLang's FlashInfer all-reduce accepts; its byte size is always a multiple of 16.
+
+One candidate is 4 lanes, each an integer in ``[0, 2**24]`` stored as fp32 (exact):
+
+* lanes 0, 1: ``key >> 16`` and ``key & 0xFFFF``, where ``key`` is the split's maximum as an
+  order-preserving unsigned 32-bit key of the fp32 bit pattern (sign-magnitude flipped to two's
+  order, ``-0.0`` merged into ``+0.0`` first, NaN replaced by fp32(-1e30) as SGLang's
+  ``draft_topk1_postprocess`` does). ``key == 0`` means "no valid column in this split" (all
+  padding): it is below every real key (``-inf`` has key ``0x007FFFFF``).
+* lane 2: the global column of the split's maximum (lowest such column on ties).
+* lane 3: ``1 +`` the global column of the split's first NaN, or 0 when the split has no NaN.
+
+No lane ever holds ``-0.0``, NaN, inf or a non-integer, so ``x + 0.0`` is exact for every lane and
+an all-reduce that uses ``-0.0`` as a "not yet written" sentinel (Lamport) is safe. The NaN lane lets one
+set of partials serve both finalize rules: ``sanitize`` reads lanes 0-2 only (max key, lowest column
+among the maxima); ``propagate`` takes the lowest lane-3 column when any split saw a NaN (torch.argmax:
+NaN is the maximum, first NaN wins) and otherwise the same as ``sanitize`` (no NaN anywhere: the keys
+are the plain values). All comparisons are on integers, so the result does not depend on float
+compare semantics (NaN-propagating max, flush-to-zero) of the GPU or of the interpreter.
+
+Both kernels are CUDA-graph capturable: no host synchronization, the grid depends only on
+``(rows, shard_width)``, and ``out=`` takes a persistent exchange buffer (it is overwritten whole
+on every call, so it may be the previous step's all-reduced buffer).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+SPLIT_N = 4096  # shard columns one partials program reduces (one load per program)
+PARTIALS_NUM_WARPS = 4
+FINALIZE_NUM_WARPS = 1  # one warp per row
+LANES = 4  # fp32 lanes per candidate
+MAX_VOCAB = 1 << 24  # lanes 2 and 3 store column and column + 1 exactly as fp32 integers
+NAN_POLICIES = ("sanitize", "propagate")
+LOGITS_DTYPES = (torch.bfloat16, torch.float32)
+
+# fp32 bits of -1e30 (0xF149F2CA as int32): the value SGLang's draft_topk1_postprocess gives a NaN.
+_NEG_1E30_BITS = struct.unpack("<i", struct.pack("<f", -1e30))[0]
+
+
+def splits_per_rank(shard_width: int) -> int:
+    """Candidates each rank contributes per row: ``cdiv(shard_width, SPLIT_N)``."""
+    if not isinstance(shard_width, int) or isinstance(shard_width, bool) or shard_width < 1:
+        raise ValueError(f"shard_width must be an int >= 1, got {shard_width!r}")
+    return triton.cdiv(shard_width, SPLIT_N)
+
+
+def exchange_shape(rows: int, shard_width: int, tp_size: int) -> tuple[int, int]:
+    """Shape of the exchange buffer (the same on every rank): ``(rows, tp_size * splits * 4)``."""
+    return rows, tp_size * splits_per_rank(shard_width) * LANES
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["tp_rank", "col_base", "valid_width"])
+def _draft_argmax_partials_kernel(
+    logits,
+    out,
+    logits_stride_0,
+    logits_stride_1,
+    out_stride_0,
+    out_stride_1,
+    tp_rank,
+    tp_size,
+    splits,
+    col_base,
+    valid_width,
+    NEG_1E30_BITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_TP: tl.constexpr,
+    LANES: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    offs = split * BLOCK_N + tl.arange(0, BLOCK_N)
+    valid = offs < valid_width
+    vals = tl.load(logits + row * logits_stride_0 + offs * logits_stride_1, mask=valid, other=0.0)
+    # Integers from here on: bf16 -> fp32 is exact, then the fp32 bit pattern.
+    bits = vals.to(tl.float32).to(tl.int32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    is_nan = valid & (magnitude > 0x7F800000)
+    bits = tl.where(magnitude == 0, 0, bits)  # -0.0 compares equal to +0.0
+    bits = tl.where(is_nan, NEG_1E30_BITS, bits)  # draft_topk1_postprocess: NaN -> -1e30
+    # Order-preserving signed key; masked lanes below everything (-inf is 0x807FFFFF).
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    key = tl.where(valid, key, -2147483647 - 1)
+    best = tl.max(key, axis=0)
+    local = tl.min(tl.where(valid & (key == best), offs, 2147483647), axis=0)
+    first_nan = tl.min(tl.where(is_nan, offs, 2147483647), axis=0)
+
+    ukey = best.to(tl.int64) + 2147483648  # 0 exactly when the split has no valid column
+    key_hi = (ukey >> 16).to(tl.float32)
+    key_lo = (ukey & 0xFFFF).to(tl.float32)
+    index = tl.where(local < valid_width, col_base + local, 0).to(tl.float32)
+    nan_lane = tl.where(first_nan < valid_width, col_base + first_nan + 1, 0).to(tl.float32)
+
+    ranks = tl.arange(0, BLOCK_TP)[:, None]
+    lane = tl.arange(0, LANES)[None, :]
+    candidate = tl.where(
+        lane == 0, key_hi, tl.where(lane == 1, key_lo, tl.where(lane == 2, index, nan_lane))
+    )
+    # This rank's slot gets the candidate, every other rank's slot of this split exact +0.0.
+    values = tl.where(ranks == tp_rank, candidate, 0.0)
+    column = (ranks * splits + split) * LANES + lane
+    tl.store(out + row * out_stride_0 + column * out_stride_1, values, mask=ranks < tp_size)
+
+
+@triton.jit(do_not_specialize=["draft_token_column"])
+def _draft_argmax_finalize_kernel(
+    exchange,
+    topk_p,
+    topk_index,
+    positions,
+    draft_tokens,
+    exchange_stride_0,
+    exchange_stride_slot,
+    exchange_stride_lane,
+    positions_stride,
+    draft_tokens_stride_0,
+    draft_tokens_stride_1,
+    draft_token_column,
+    num_slots,
+    PROPAGATE_NAN: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr,
+    WRITE_DRAFT_TOKEN: tl.constexpr,
+    BLOCK_SLOTS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    slots = tl.arange(0, BLOCK_SLOTS)
+    mask = slots < num_slots
+    base = exchange + row * exchange_stride_0 + slots * exchange_stride_slot
+    key_hi = tl.load(base, mask=mask, other=0.0).to(tl.int64)
+    key_lo = tl.load(base + exchange_stride_lane, mask=mask, other=0.0).to(tl.int64)
+    index = tl.load(base + 2 * exchange_stride_lane, mask=mask, other=0.0).to(tl.int64)
+    key = key_hi * 65536 + key_lo
+    best = tl.max(key, axis=0)
+    token = tl.min(tl.where(mask & (key == best), index, 2147483647), axis=0)
+    if PROPAGATE_NAN:
+        nan_lane = tl.load(base + 3 * exchange_stride_lane, mask=mask, other=0.0).to(tl.int64)
+        first_nan = tl.min(tl.where(mask & (nan_lane > 0), nan_lane - 1, 2147483647), axis=0)
+        token = tl.where(first_nan < 2147483647, first_nan, token)
+    token = tl.where(token < 2147483647, token, 0)
+
+    tl.store(topk_index + row, token)
+    tl.store(topk_p + row, 1.0)
+    if WRITE_DRAFT_TOKEN:
+        tl.store(
+            draft_tokens + row * draft_tokens_stride_0 + draft_token_column * draft_tokens_stride_1,
+            token,
+        )
+    if HAS_POSITIONS:
+        position = tl.load(positions + row * positions_stride)
+        tl.store(positions + row * positions_stride, position + 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Wrappers
+# ----------------------------------------------------------------------------------------------
+
+
+def draft_argmax_partials(
+    logits_shard: torch.Tensor,
+    *,
+    tp_rank: int,
+    tp_size: int,
+    vocab_size: int,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """This rank's exchange buffer: its shard's argmax candidates, zero in every other rank's slot.
+
+    ``logits_shard``: ``[rows, shard_width]`` bf16 or fp32 (any strides), the LM-head logits of
+    global columns ``tp_rank * shard_width ...``; columns at global index ``>= vocab_size`` are
+    padding and never read. ``out``: optional persistent fp32 buffer of
+    :func:`exchange_shape` ``(rows, shard_width, tp_size)``, overwritten whole. Returns ``out`` (or a
+    new buffer). Sum it over the TP group (any sum all-reduce), then :func:`draft_argmax_finalize`.
+    """
+    if not isinstance(logits_shard, torch.Tensor):
+        raise TypeError(f"logits_shard must be a torch.Tensor, got {type(logits_shard).__name__}")
+    if logits_shard.dtype not in LOGITS_DTYPES:
+        raise TypeError(f"logits_shard must be bfloat16 or float32, got {logits_shard.dtype}")
+    if logits_shard.dim() != 2:
+        raise ValueError(
+            f"logits_shard must be 2-D [rows, shard_width], got shape {tuple(logits_shard.shape)}"
+        )
+    rows, shard_width = logits_shard.shape
+    if shard_width < 1:
+        raise ValueError(f"logits_shard must have at least one column, got shape {(rows, 0)}")
+    _check_int("tp_size", tp_size, low=1)
+    _check_int("tp_rank", tp_rank, low=0)
+    if tp_rank >= tp_size:
+        raise ValueError(f"tp_rank must be < tp_size ({tp_size}), got {tp_rank}")
+    _check_int("vocab_size", vocab_size, low=1)
+    if vocab_size > tp_size * shard_width:
+        raise ValueError(
+            f"vocab_size ({vocab_size}) must be <= tp_size * shard_width "
+            f"({tp_size} * {shard_width} = {tp_size * shard_width})"
+        )
+    if vocab_size > MAX_VOCAB:
+        raise ValueError(f"vocab_size must be <= {MAX_VOCAB} (exact fp32 lanes), got {vocab_size}")
+    shape = exchange_shape(rows, shard_width, tp_size)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32, device=logits_shard.device)
+    else:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.dtype != torch.float32:
+            raise TypeError(f"out must be float32, got {out.dtype}")
+        if tuple(out.shape) != shape:
+            raise ValueError(
+                f"out must have shape {shape} (rows, tp_size * splits_per_rank * {LANES}), "
+                f"got {tuple(out.shape)}"
+            )
+        if out.device != logits_shard.device:
+            raise ValueError(
+                f"out is on {out.device}, expected {logits_shard.device} (where logits_shard is)"
+            )
+    if rows == 0:
+        return out
+    splits = splits_per_rank(shard_width)
+    col_base = tp_rank * shard_width
+    valid_width = max(0, min(shard_width, vocab_size - col_base))
+    _draft_argmax_partials_kernel[(rows, splits)](
+        logits_shard,
+        out,
+        logits_shard.stride(0),
+        logits_shard.stride(1),
+        out.stride(0),
+        out.stride(1),
+        tp_rank,
+        tp_size,
+        splits,
+        col_base,
+        valid_width,
+        NEG_1E30_BITS=_NEG_1E30_BITS,
+        BLOCK_N=SPLIT_N,
+        BLOCK_TP=triton.next_power_of_2(tp_size),
+        LANES=LANES,
+        num_warps=PARTIALS_NUM_WARPS,
+    )
+    return out
+
+
+def draft_argmax_finalize(
+    exchange: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    draft_tokens: Optional[torch.Tensor] = None,
+    draft_token_column: int = 0,
+    *,
+    nan_policy: str = "sanitize",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick each row's token from the all-reduced exchange buffer: ``(topk_p, topk_index)``.
+
+    ``exchange``: the sum over the TP group of :func:`draft_argmax_partials` buffers, fp32
+    ``[rows, slots * 4]`` (or ``[rows, slots, 4]``). ``nan_policy="sanitize"``: the token of
+    SGLang's ``draft_topk1_postprocess`` on the gathered fp32 logits (NaN counts as -1e30, lowest
+    index among the maxima, an all-NaN row gives 0); ``"propagate"``: the token of ``torch.argmax``
+    (the first NaN wins, else the lowest index among the maxima). Returns ``topk_p`` fp32
+    ``[rows, 1]`` = 1.0 and ``topk_index`` int64 ``[rows, 1]``, as ``draft_topk1_postprocess`` does.
+    ``positions`` (1-D int32/int64, ``rows`` entries) advance by one in place when given;
+    ``draft_tokens[:, draft_token_column]`` (int64 ``[rows, columns]``) receives the token when given.
+    """
+    if nan_policy not in NAN_POLICIES:
+        raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
+    if not isinstance(exchange, torch.Tensor):
+        raise TypeError(f"exchange must be a torch.Tensor, got {type(exchange).__name__}")
+    if exchange.dtype != torch.float32:
+        raise TypeError(f"exchange must be float32, got {exchange.dtype}")
+    if exchange.dim() == 2 and exchange.shape[1] % LANES == 0 and exchange.shape[1] > 0:
+        num_slots = exchange.shape[1] // LANES
+        stride_slot, stride_lane = LANES * exchange.stride(1), exchange.stride(1)
+    elif exchange.dim() == 3 and exchange.shape[2] == LANES and exchange.shape[1] > 0:
+        num_slots = exchange.shape[1]
+        stride_slot, stride_lane = exchange.stride(1), exchange.stride(2)
+    else:
+        raise ValueError(
+            f"exchange must be [rows, slots * {LANES}] or [rows, slots, {LANES}] with slots >= 1, "
+            f"got shape {tuple(exchange.shape)}"
+        )
+    rows, device = exchange.shape[0], exchange.device
+    if positions is not None:
+        if not isinstance(positions, torch.Tensor):
+            raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+        if positions.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
+        if positions.dim() != 1 or positions.shape[0] != rows:
+            raise ValueError(
+                f"positions must be 1-D with rows={rows} entries, got shape {tuple(positions.shape)}"
+            )
+        if positions.device != device:
+            raise ValueError(f"positions is on {positions.device}, expected {device}")
+    if draft_tokens is not None:
+        if not isinstance(draft_tokens, torch.Tensor):
+            raise TypeError(
+                f"draft_tokens must be a torch.Tensor, got {type(draft_tokens).__name__}"
+            )
+        if draft_tokens.dtype != torch.int64:
+            raise TypeError(f"draft_tokens must be int64, got {draft_tokens.dtype}")
+        if draft_tokens.dim() != 2 or draft_tokens.shape[0] != rows:
+            raise ValueError(
+                f"draft_tokens must be 2-D with rows={rows} rows, "
+                f"got shape {tuple(draft_tokens.shape)}"
+            )
+        if draft_tokens.device != device:
+            raise ValueError(f"draft_tokens is on {draft_tokens.device}, expected {device}")
+        _check_int("draft_token_column", draft_token_column, low=0)
+        if draft_token_column >= draft_tokens.shape[1]:
+            raise ValueError(
+                f"draft_token_column must be < draft_tokens.shape[1] ({draft_tokens.shape[1]}), "
+                f"got {draft_token_column}"
+            )
+    topk_p = torch.empty((rows, 1), dtype=torch.float32, device=device)
+    topk_index = torch.empty((rows, 1), dtype=torch.int64, device=device)
+    if rows == 0:
+        return topk_p, topk_index
+    has_positions, write_draft_token = positions is not None, draft_tokens is not None
+    _draft_argmax_finalize_kernel[(rows,)](
+        exchange,
+        topk_p,
+        topk_index,
+        positions if has_positions else topk_index,  # stand-ins are never dereferenced
+        draft_tokens if write_draft_token else topk_index,
+        exchange.stride(0),
+        stride_slot,
+        stride_lane,
+        positions.stride(0) if has_positions else 0,
+        draft_tokens.stride(0) if write_draft_token else 0,
+        draft_tokens.stride(1) if write_draft_token else 0,
+        draft_token_column if write_draft_token else 0,
+        num_slots,
+        PROPAGATE_NAN=nan_policy == "propagate",
+        HAS_POSITIONS=has_positions,
+        WRITE_DRAFT_TOKEN=write_draft_token,
+        BLOCK_SLOTS=triton.next_power_of_2(num_slots),
+        num_warps=FINALIZE_NUM_WARPS,
+    )
+    return topk_p, topk_index
+
+
+def _check_int(name: str, value, *, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")

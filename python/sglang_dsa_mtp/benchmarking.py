@@ -8,6 +8,7 @@ tunables, and markdown table rows.
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
 from collections.abc import Iterator
 from types import ModuleType
@@ -85,3 +86,18 @@ def markdown_header(header: list[str]) -> str:
 
 def markdown_row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
+
+
+def write_json(path: str, *, gpu: str, launch_floor_us: float, copy_bytes_per_us: float, points):
+    """Every measurement of a benchmark run, with the floors it was printed against."""
+    with open(path, "w") as f:
+        json.dump(
+            dict(
+                gpu=gpu,
+                launch_floor_us=launch_floor_us,
+                copy_bytes_per_us=copy_bytes_per_us,
+                points=points,
+            ),
+            f,
+            indent=1,
+        )

@@ -45,7 +45,6 @@ launch.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
 
@@ -62,6 +61,7 @@ from sglang_dsa_mtp.benchmarking import (
     parse_tune,
     tunables,
     variant_name,
+    write_json,
 )
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.reference_cases import (
@@ -229,17 +229,13 @@ def main(argv=None) -> int:
                     )
                 )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                dict(
-                    gpu=props.name,
-                    launch_floor_us=launch,
-                    copy_bytes_per_us=bandwidth,
-                    points=records,
-                ),
-                f,
-                indent=1,
-            )
+        write_json(
+            args.json,
+            gpu=props.name,
+            launch_floor_us=launch,
+            copy_bytes_per_us=bandwidth,
+            points=records,
+        )
     return 0
 
 

@@ -17,7 +17,6 @@ device-to-device copy bandwidth.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -33,6 +32,7 @@ from sglang_dsa_mtp.benchmarking import (
     parse_tune,
     tunables,
     variant_name,
+    write_json,
 )
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.reference_cases import make_case
@@ -139,17 +139,13 @@ def main(argv=None) -> int:
                 print(markdown_row(cells), flush=True)
                 records.append(dict(op=op, live=live, bs=bs, floor_us=floor, **row))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                dict(
-                    gpu=props.name,
-                    launch_floor_us=launch,
-                    copy_bytes_per_us=bandwidth,
-                    points=records,
-                ),
-                f,
-                indent=1,
-            )
+        write_json(
+            args.json,
+            gpu=props.name,
+            launch_floor_us=launch,
+            copy_bytes_per_us=bandwidth,
+            points=records,
+        )
     return 0
 
 

@@ -17,6 +17,7 @@ import sglang.srt.layers.attention.dsa_backend as dsa_backend
 from sglang.srt.layers.attention.dsa_backend import (
     DeepseekSparseAttnBackend,
     DeepseekSparseAttnMultiStepBackend,
+    DSAFlashMLAMetadata,
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -270,3 +271,32 @@ def test_a_failing_one_launch_falls_back_to_sglang_for_that_bs(hooked, caplog):
     assert stock == [3, 3]
     assert "one launch raised" in getattr(multi, mtp.GATES)[3]
     assert caplog.text.count("falls back to SGLang's path") == 1
+
+
+def test_flashmla_tile_metadata_is_computed_once_and_copied_into_every_step(hooked):
+    """``flashmla_kv`` decode: computed from step 0's clipped lengths (seq_len_q 1), as stock does
+    from its scratch, then copied into each step's buffers (num_splits[:bs + 1], whole tile data).
+    """
+    multi = build_multi(hooked, steps=3, seeded=True)
+    computed = []
+
+    def compute(cache_seqlens, seq_len_q):
+        computed.append((cache_seqlens.tolist(), seq_len_q))
+        return DSAFlashMLAMetadata(
+            flashmla_metadata=torch.arange(8, dtype=torch.int32).view(2, 4),
+            num_splits=torch.tensor([0, 2, 5, 9], dtype=torch.int32),
+        )
+
+    for backend in multi.attn_backends:
+        backend.dsa_decode_impl = "flashmla_kv"
+        backend._compute_flashmla_metadata = compute
+        backend.decode_cuda_graph_metadata[3].flashmla_metadata = DSAFlashMLAMetadata(
+            flashmla_metadata=torch.full((2, 4), POISON, dtype=torch.int32),
+            num_splits=torch.full((6,), POISON, dtype=torch.int32),
+        )
+    multi.init_forward_metadata_out_graph(replay_batch([129, 0, 300], [5, 2, 7]))
+    assert computed == [([129, 0, 200], 1)]  # min(seq, topk 200)
+    for backend in multi.attn_backends:
+        m = backend.decode_cuda_graph_metadata[3].flashmla_metadata
+        assert m.flashmla_metadata.flatten().tolist() == list(range(8))
+        assert m.num_splits.tolist() == [0, 2, 5, 9, POISON, POISON]

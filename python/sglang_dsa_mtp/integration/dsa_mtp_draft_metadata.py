@@ -29,10 +29,10 @@ from sglang.srt.utils import is_cuda, is_hip
 
 from sglang_dsa_mtp.integration.log import log_once
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
+    MAX_DESTINATIONS,
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
 )
-from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import MAX_DECODE_DESTINATIONS
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
 
 SEEDED = "_sglang_dsa_mtp_seeded"  # the constructor's seed_dsa_topk_from_draft_extend
@@ -82,8 +82,8 @@ def why_not_one_launch(multi, bs: int) -> str | None:
     if not hasattr(multi, SEEDED):
         return "the backend was built before the plugin's hooks applied (seed flag unknown)"
     backends = multi.attn_backends
-    if not 1 <= len(backends) <= MAX_DECODE_DESTINATIONS:
-        return f"{len(backends)} step backends; one launch writes at most {MAX_DECODE_DESTINATIONS}"
+    if not 1 <= len(backends) <= MAX_DESTINATIONS:
+        return f"{len(backends)} step backends; one launch writes at most {MAX_DESTINATIONS}"
     for i, backend in enumerate(backends):
         if backend.dsa_index_kpool != 1:
             return f"step backend {i} has dsa_index_kpool {backend.dsa_index_kpool}"

@@ -22,13 +22,20 @@ from collections.abc import Sequence
 from typing import NamedTuple, Optional
 
 import torch
+import triton
+import triton.language as tl
 
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import (
-    MAX_DECODE_DESTINATIONS,
     _check_common,
-    _launch_decode,
+    _copy_live_tiles_multi,
     _page_tables,
+    _store_decode_seqlens,
+    bounded_num_splits,
+    default_budget,
 )
+
+MAX_DESTINATIONS = 4  # draft step backends one launch serves (EAGLE speculative_num_steps <= 5)
 
 
 class DecodeMetadataDestination(NamedTuple):
@@ -45,6 +52,147 @@ class DecodeMetadataDestination(NamedTuple):
     dsa_cache_seqlens: torch.Tensor
     dsa_cu_seqlens_k: torch.Tensor
     real_page_table: Optional[torch.Tensor]
+
+
+@triton.jit(
+    do_not_specialize=[
+        "bs",
+        "width",
+        "num_splits",
+        "page_table_stride_0",
+        "real_page_table_stride_0",
+    ]
+)
+def _draft_decode_metadata_kernel(
+    seq_lens,
+    req_pool_indices,
+    req_to_token,
+    cache_seqlens_0,
+    cu_seqlens_k_0,
+    page_table_1_0,
+    dsa_cache_seqlens_0,
+    dsa_cu_seqlens_k_0,
+    real_page_table_0,
+    cache_seqlens_1,
+    cu_seqlens_k_1,
+    page_table_1_1,
+    dsa_cache_seqlens_1,
+    dsa_cu_seqlens_k_1,
+    real_page_table_1,
+    cache_seqlens_2,
+    cu_seqlens_k_2,
+    page_table_1_2,
+    dsa_cache_seqlens_2,
+    dsa_cu_seqlens_k_2,
+    real_page_table_2,
+    cache_seqlens_3,
+    cu_seqlens_k_3,
+    page_table_1_3,
+    dsa_cache_seqlens_3,
+    dsa_cu_seqlens_k_3,
+    real_page_table_3,
+    seq_lens_stride,
+    req_pool_indices_stride,
+    req_to_token_stride_0,
+    req_to_token_stride_1,
+    page_table_stride_0,
+    page_table_stride_1,
+    real_page_table_stride_0,
+    real_page_table_stride_1,
+    bs,
+    width,
+    num_splits,
+    dsa_index_topk,
+    physical_page_size: tl.constexpr,
+    HAS_PAGE_TABLE_1: tl.constexpr,
+    HAS_REAL_PAGE_TABLE: tl.constexpr,
+    NUM_DEST: tl.constexpr,
+    BLOCK_BS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid == 0:
+        offs_b = tl.arange(0, BLOCK_BS)
+        mask_b = offs_b < bs
+        seq = tl.load(seq_lens + offs_b * seq_lens_stride, mask=mask_b, other=0).to(tl.int32)
+        _store_decode_seqlens(
+            seq,
+            mask_b,
+            cache_seqlens_0,
+            cu_seqlens_k_0,
+            dsa_cache_seqlens_0,
+            dsa_cu_seqlens_k_0,
+            dsa_index_topk,
+        )
+        if NUM_DEST > 1:
+            _store_decode_seqlens(
+                seq,
+                mask_b,
+                cache_seqlens_1,
+                cu_seqlens_k_1,
+                dsa_cache_seqlens_1,
+                dsa_cu_seqlens_k_1,
+                dsa_index_topk,
+            )
+        if NUM_DEST > 2:
+            _store_decode_seqlens(
+                seq,
+                mask_b,
+                cache_seqlens_2,
+                cu_seqlens_k_2,
+                dsa_cache_seqlens_2,
+                dsa_cu_seqlens_k_2,
+                dsa_index_topk,
+            )
+        if NUM_DEST > 3:
+            _store_decode_seqlens(
+                seq,
+                mask_b,
+                cache_seqlens_3,
+                cu_seqlens_k_3,
+                dsa_cache_seqlens_3,
+                dsa_cu_seqlens_k_3,
+                dsa_index_topk,
+            )
+        return
+
+    req = (pid - 1) // num_splits
+    split = (pid - 1) - req * num_splits
+    req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride)
+    kv_len = tl.load(seq_lens + req * seq_lens_stride).to(tl.int32)
+    _copy_live_tiles_multi(
+        req_to_token,
+        page_table_1_0,
+        real_page_table_0,
+        page_table_1_1,
+        real_page_table_1,
+        page_table_1_2,
+        real_page_table_2,
+        page_table_1_3,
+        real_page_table_3,
+        req_idx,
+        kv_len,
+        req,
+        1,
+        split,
+        num_splits,
+        width,
+        req_to_token_stride_0,
+        req_to_token_stride_1,
+        page_table_stride_0,
+        page_table_stride_1,
+        real_page_table_stride_0,
+        real_page_table_stride_1,
+        physical_page_size,
+        HAS_PAGE_TABLE_1,
+        HAS_REAL_PAGE_TABLE,
+        BLOCK_N,
+        TILE_N,
+        NUM_STAGES,
+        NUM_DEST,
+    )
 
 
 def fused_dsa_draft_decode_metadata_multi(
@@ -94,28 +242,47 @@ def fused_dsa_draft_decode_metadata_multi(
         for dest in destinations
     ]
     _, _, has_pt1, has_real = tables[0]
-    _launch_decode(
+    slots = []
+    for i in range(MAX_DESTINATIONS):  # unused slots repeat destination 0 (never dereferenced)
+        dest = destinations[i] if i < len(destinations) else destinations[0]
+        page_table_1, real_page_table, _, _ = tables[i] if i < len(tables) else tables[0]
+        slots += [
+            dest.cache_seqlens,
+            dest.cu_seqlens_k,
+            page_table_1,
+            dest.dsa_cache_seqlens,
+            dest.dsa_cu_seqlens_k,
+            real_page_table,
+        ]
+    page_table_1, real_page_table, _, _ = tables[0]
+    budget = default_budget(seq_lens.device) if budget is None else budget
+    num_splits = bounded_num_splits(bs, max_len, budget)
+    _draft_decode_metadata_kernel[(1 + bs * num_splits,)](
         seq_lens,
         req_pool_indices,
         req_to_token,
-        [
-            (
-                dest.cache_seqlens,
-                dest.cu_seqlens_k,
-                page_table_1,
-                dest.dsa_cache_seqlens,
-                dest.dsa_cu_seqlens_k,
-                real_page_table,
-            )
-            for dest, (page_table_1, real_page_table, _, _) in zip(destinations, tables)
-        ],
-        has_pt1,
-        has_real,
+        *slots,
+        seq_lens.stride(0),
+        req_pool_indices.stride(0),
+        req_to_token.stride(0),
+        req_to_token.stride(1),
+        page_table_1.stride(0),
+        page_table_1.stride(1),
+        real_page_table.stride(0),
+        real_page_table.stride(1),
         bs,
         max_len,
+        num_splits,
         dsa_index_topk,
         physical_page_size,
-        budget,
+        has_pt1,
+        has_real,
+        len(destinations),
+        BLOCK_BS=triton.next_power_of_2(bs),
+        BLOCK_N=bounded.BLOCK_N,
+        TILE_N=bounded.TILE_N,
+        NUM_STAGES=bounded.NUM_STAGES,
+        num_warps=bounded.NUM_WARPS,
     )
 
 
@@ -150,9 +317,9 @@ def _check_destinations(
             "destinations must be a list or tuple of DecodeMetadataDestination, one per draft "
             f"step backend, got {type(destinations).__name__}"
         )
-    if not 1 <= len(destinations) <= MAX_DECODE_DESTINATIONS:
+    if not 1 <= len(destinations) <= MAX_DESTINATIONS:
         raise ValueError(
-            f"destinations must hold 1 to {MAX_DECODE_DESTINATIONS} DecodeMetadataDestination, "
+            f"destinations must hold 1 to {MAX_DESTINATIONS} DecodeMetadataDestination, "
             f"got {len(destinations)}"
         )
     for i, dest in enumerate(destinations):

@@ -311,30 +311,12 @@ def _bounded_decode_metadata_kernel(
     seq_lens,
     req_pool_indices,
     req_to_token,
-    cache_seqlens_0,
-    cu_seqlens_k_0,
-    page_table_1_0,
-    dsa_cache_seqlens_0,
-    dsa_cu_seqlens_k_0,
-    real_page_table_0,
-    cache_seqlens_1,
-    cu_seqlens_k_1,
-    page_table_1_1,
-    dsa_cache_seqlens_1,
-    dsa_cu_seqlens_k_1,
-    real_page_table_1,
-    cache_seqlens_2,
-    cu_seqlens_k_2,
-    page_table_1_2,
-    dsa_cache_seqlens_2,
-    dsa_cu_seqlens_k_2,
-    real_page_table_2,
-    cache_seqlens_3,
-    cu_seqlens_k_3,
-    page_table_1_3,
-    dsa_cache_seqlens_3,
-    dsa_cu_seqlens_k_3,
-    real_page_table_3,
+    cache_seqlens,
+    cu_seqlens_k,
+    page_table_1,
+    dsa_cache_seqlens,
+    dsa_cu_seqlens_k,
+    real_page_table,
     seq_lens_stride,
     req_pool_indices_stride,
     req_to_token_stride_0,
@@ -350,7 +332,6 @@ def _bounded_decode_metadata_kernel(
     physical_page_size: tl.constexpr,
     HAS_PAGE_TABLE_1: tl.constexpr,
     HAS_REAL_PAGE_TABLE: tl.constexpr,
-    NUM_DEST: tl.constexpr,
     BLOCK_BS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
@@ -364,58 +345,22 @@ def _bounded_decode_metadata_kernel(
         _store_decode_seqlens(
             seq,
             mask_b,
-            cache_seqlens_0,
-            cu_seqlens_k_0,
-            dsa_cache_seqlens_0,
-            dsa_cu_seqlens_k_0,
+            cache_seqlens,
+            cu_seqlens_k,
+            dsa_cache_seqlens,
+            dsa_cu_seqlens_k,
             dsa_index_topk,
         )
-        if NUM_DEST > 1:
-            _store_decode_seqlens(
-                seq,
-                mask_b,
-                cache_seqlens_1,
-                cu_seqlens_k_1,
-                dsa_cache_seqlens_1,
-                dsa_cu_seqlens_k_1,
-                dsa_index_topk,
-            )
-        if NUM_DEST > 2:
-            _store_decode_seqlens(
-                seq,
-                mask_b,
-                cache_seqlens_2,
-                cu_seqlens_k_2,
-                dsa_cache_seqlens_2,
-                dsa_cu_seqlens_k_2,
-                dsa_index_topk,
-            )
-        if NUM_DEST > 3:
-            _store_decode_seqlens(
-                seq,
-                mask_b,
-                cache_seqlens_3,
-                cu_seqlens_k_3,
-                dsa_cache_seqlens_3,
-                dsa_cu_seqlens_k_3,
-                dsa_index_topk,
-            )
         return
 
     req = (pid - 1) // num_splits
     split = (pid - 1) - req * num_splits
     req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride)
     kv_len = tl.load(seq_lens + req * seq_lens_stride).to(tl.int32)
-    _copy_live_tiles_multi(
+    _copy_live_tiles(
         req_to_token,
-        page_table_1_0,
-        real_page_table_0,
-        page_table_1_1,
-        real_page_table_1,
-        page_table_1_2,
-        real_page_table_2,
-        page_table_1_3,
-        real_page_table_3,
+        page_table_1,
+        real_page_table,
         req_idx,
         kv_len,
         req,
@@ -435,7 +380,6 @@ def _bounded_decode_metadata_kernel(
         BLOCK_N,
         TILE_N,
         NUM_STAGES,
-        NUM_DEST,
     )
 
 
@@ -482,60 +426,18 @@ def fused_dsa_decode_metadata_bounded(
     page_table_1, real_page_table, has_pt1, has_real = _page_tables(
         page_table_1, real_page_table, bs, max_len, physical_page_size, req_to_token.device
     )
-    _launch_decode(
-        seq_lens,
-        req_pool_indices,
-        req_to_token,
-        [
-            (
-                cache_seqlens,
-                cu_seqlens_k,
-                page_table_1,
-                dsa_cache_seqlens,
-                dsa_cu_seqlens_k,
-                real_page_table,
-            )
-        ],
-        has_pt1,
-        has_real,
-        bs,
-        max_len,
-        dsa_index_topk,
-        physical_page_size,
-        budget,
-    )
-
-
-MAX_DECODE_DESTINATIONS = 4  # destinations one decode launch writes (MTP draft step backends)
-
-
-def _launch_decode(
-    seq_lens,
-    req_pool_indices,
-    req_to_token,
-    destinations,
-    has_pt1,
-    has_real,
-    bs,
-    max_len,
-    dsa_index_topk,
-    physical_page_size,
-    budget,
-):
-    """Launch the decode kernel for 1..4 validated destinations, each a tuple (cache_seqlens,
-    cu_seqlens_k, page_table_1, dsa_cache_seqlens, dsa_cu_seqlens_k, real_page_table) as returned
-    by :func:`_page_tables` (stand-ins in place of absent tables). All share the first's strides."""
-    slots = []
-    for i in range(MAX_DECODE_DESTINATIONS):  # unused slots repeat destination 0, never read
-        slots += destinations[i] if i < len(destinations) else destinations[0]
-    _, _, page_table_1, _, _, real_page_table = destinations[0]
     budget = default_budget(seq_lens.device) if budget is None else budget
     num_splits = bounded_num_splits(bs, max_len, budget)
     _bounded_decode_metadata_kernel[(1 + bs * num_splits,)](
         seq_lens,
         req_pool_indices,
         req_to_token,
-        *slots,
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table_1,
+        dsa_cache_seqlens,
+        dsa_cu_seqlens_k,
+        real_page_table,
         seq_lens.stride(0),
         req_pool_indices.stride(0),
         req_to_token.stride(0),
@@ -551,7 +453,6 @@ def _launch_decode(
         physical_page_size,
         has_pt1,
         has_real,
-        len(destinations),
         BLOCK_BS=triton.next_power_of_2(bs),
         BLOCK_N=BLOCK_N,
         TILE_N=TILE_N,

@@ -28,6 +28,7 @@ import pytest
 import torch
 import triton
 
+from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     DecodeMetadataDestination,
@@ -218,8 +219,8 @@ class _GridRecorder:
 def test_grid_depends_only_on_bs_width_and_budget_never_on_live_lengths(
     num_dest, bs, budget, monkeypatch
 ):
-    recorder = _GridRecorder(bounded._bounded_decode_metadata_kernel)
-    monkeypatch.setattr(bounded, "_bounded_decode_metadata_kernel", recorder)
+    recorder = _GridRecorder(draft._draft_decode_metadata_kernel)
+    monkeypatch.setattr(draft, "_draft_decode_metadata_kernel", recorder)
     for lengths in ([0] * bs, [SMALL_WIDTH] * bs, [1, 300, 129, 0, 128, 5, 299, 77][:bs]):
         case = decode_case(lengths)
         run_draft_decode_multi(case, [case.outputs() for _ in range(num_dest)], budget=budget)

@@ -14,16 +14,15 @@ Servers started by hand (``benchmark/e2e/serve.py``): ``--base-url URL --instanc
 instance's share, in the order stock-1, plugin-1, plugin-2, stock-2; then ``--report-only``.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 from sglang_dsa_mtp.e2e import gsm8k
 from sglang_dsa_mtp.e2e.protocol import (
-    INSTANCE_ORDER,
-    PRESETS,
     Instance,
+    check_kit_args,
     get_preset,
+    kit_parser,
     parse_server_args,
     split_server_args,
 )
@@ -31,19 +30,9 @@ from sglang_dsa_mtp.e2e.protocol import (
 
 def main(argv: list[str]) -> None:
     kit_argv, extra = split_server_args(argv)
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog="Arguments after -- go to the server."
-    )
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
-    parser.add_argument("--out", required=True, type=Path, help="results folder")
+    parser = kit_parser(__doc__)
     parser.add_argument("--data-path", type=Path, help=f"GSM8K test.jsonl ({gsm8k.DATA_URL})")
     parser.add_argument("--parallel", type=int, default=128, help="requests in flight")
-    parser.add_argument("--startup-timeout", type=float, default=3600.0, help="seconds per server")
-    parser.add_argument("--base-url", help="a server started by hand, instead of launching them")
-    parser.add_argument(
-        "--instance", choices=[i.tag for i in INSTANCE_ORDER], help="with --base-url: which one"
-    )
-    parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
     args = parser.parse_args(kit_argv)
     preset = get_preset(args.preset)
     title = f"GSM8K, {preset.description}"
@@ -52,8 +41,7 @@ def main(argv: list[str]) -> None:
         return
     if args.data_path is None:
         parser.error("--data-path is required")
-    if (args.base_url is None) != (args.instance is None):
-        parser.error("--base-url and --instance go together")
+    check_kit_args(parser, args)
     server_args = [*preset.server_args, *extra]
     if args.base_url is None:
         gsm8k.run_accuracy(

@@ -17,39 +17,28 @@ instance's share with ``--base-url URL --instance TAG`` and the same preset and 
 the order stock-1, plugin-1, plugin-2, stock-2; then ``--report-only`` prints the table.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 from sglang_dsa_mtp.e2e import sweep
 from sglang_dsa_mtp.e2e.protocol import (
-    INSTANCE_ORDER,
-    PRESETS,
     Instance,
+    check_kit_args,
     get_preset,
+    kit_parser,
     split_server_args,
 )
 
 
 def main(argv: list[str]) -> None:
     kit_argv, extra = split_server_args(argv)
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog="Arguments after -- go to the server."
-    )
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
-    parser.add_argument("--out", required=True, type=Path, help="results folder")
+    parser = kit_parser(__doc__)
     parser.add_argument(
         "--dataset-path", type=Path, help="ShareGPT_V3_unfiltered_cleaned_split.json"
     )
     parser.add_argument(
         "--concurrency", type=int, nargs="+", help="concurrency points (default: the preset's)"
     )
-    parser.add_argument("--startup-timeout", type=float, default=3600.0, help="seconds per server")
-    parser.add_argument("--base-url", help="a server started by hand, instead of launching them")
-    parser.add_argument(
-        "--instance", choices=[i.tag for i in INSTANCE_ORDER], help="with --base-url: which one"
-    )
-    parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
     args = parser.parse_args(kit_argv)
     preset = get_preset(args.preset)
     title = f"Concurrency sweep, {preset.description}"
@@ -58,8 +47,7 @@ def main(argv: list[str]) -> None:
         return
     if args.dataset_path is None:
         parser.error("--dataset-path is required")
-    if (args.base_url is None) != (args.instance is None):
-        parser.error("--base-url and --instance go together")
+    check_kit_args(parser, args)
     server_args = [*preset.server_args, *extra]
     concurrencies = args.concurrency or preset.concurrencies
     if args.base_url is None:

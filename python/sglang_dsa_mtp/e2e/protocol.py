@@ -23,6 +23,7 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from sglang.srt.server_args import ServerArgs
 
@@ -159,3 +160,25 @@ def server_base_url(parsed: argparse.Namespace) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{parsed.port}"
+
+
+def kit_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every kit command takes: the preset, the results folder, the server start-up
+    limit, a server started by hand (``--base-url`` with ``--instance``) and ``--report-only``."""
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], epilog="Arguments after -- go to the server."
+    )
+    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    parser.add_argument("--out", required=True, type=Path, help="results folder")
+    parser.add_argument("--startup-timeout", type=float, default=3600.0, help="seconds per server")
+    parser.add_argument("--base-url", help="a server started by hand, instead of launching them")
+    parser.add_argument(
+        "--instance", choices=[i.tag for i in INSTANCE_ORDER], help="with --base-url: which one"
+    )
+    parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
+    return parser
+
+
+def check_kit_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if (args.base_url is None) != (args.instance is None):
+        parser.error("--base-url and --instance go together")

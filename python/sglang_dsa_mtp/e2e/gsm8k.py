@@ -20,7 +20,6 @@ Accept length: the run's completion tokens over its target verify steps, summed 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,14 +35,11 @@ from sglang.utils import read_jsonl
 
 from sglang_dsa_mtp.e2e.protocol import (
     ARMS,
-    INSTANCE_ORDER,
     Instance,
-    arm_env,
     parse_server_args,
     server_base_url,
-    server_command,
 )
-from sglang_dsa_mtp.e2e.server import flush_cache, generate, launch
+from sglang_dsa_mtp.e2e.server import flush_cache, generate, serve_each_instance
 
 DATA_URL = (
     "https://raw.githubusercontent.com/openai/grade-school-math/master/"
@@ -163,11 +159,13 @@ def run_accuracy(
     if list(out_dir.glob("*.json")):
         raise ValueError(f"{out_dir} already holds runs; write to a new --out")
     base_url = server_base_url(parsed)
-    for instance in INSTANCE_ORDER:
-        env = arm_env(instance.arm, os.environ)
-        log_path = out_dir / f"{instance.tag}.server.log"
-        with launch(server_command(server_args), env, log_path, base_url, startup_timeout_s):
-            run_instance(base_url, instance, questions, parallel, out_dir)
+    serve_each_instance(
+        server_args,
+        base_url,
+        out_dir,
+        startup_timeout_s,
+        lambda instance: run_instance(base_url, instance, questions, parallel, out_dir),
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,11 +12,13 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import requests
+
+from sglang_dsa_mtp.e2e.protocol import INSTANCE_ORDER, Instance, arm_env, server_command
 
 HEALTH_POLL_S = 1.0
 STOP_GRACE_S = 60.0
@@ -105,3 +107,19 @@ def generate(base_url: str, payload: dict) -> dict | list:
 def flush_cache(base_url: str) -> None:
     """Empty the server's radix cache (SGLang refuses while requests are running)."""
     _check(requests.post(f"{base_url}/flush_cache", timeout=60), f"{base_url}/flush_cache")
+
+
+def serve_each_instance(
+    server_args: Sequence[str],
+    base_url: str,
+    out_dir: Path,
+    startup_timeout_s: float,
+    run: Callable[[Instance], object],
+) -> None:
+    """Every instance of ``INSTANCE_ORDER`` in turn: launched with its arm's kill switches and its
+    log at ``<out_dir>/<tag>.server.log``, ``run(instance)`` while it is healthy, then stopped."""
+    for instance in INSTANCE_ORDER:
+        env = arm_env(instance.arm, os.environ)
+        log_path = out_dir / f"{instance.tag}.server.log"
+        with launch(server_command(server_args), env, log_path, base_url, startup_timeout_s):
+            run(instance)

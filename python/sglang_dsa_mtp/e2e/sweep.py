@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -37,12 +36,10 @@ from sglang_dsa_mtp.e2e.protocol import (
     INSTANCE_ORDER,
     RUNS_PER_INSTANCE,
     Instance,
-    arm_env,
     parse_server_args,
     server_base_url,
-    server_command,
 )
-from sglang_dsa_mtp.e2e.server import generate, launch
+from sglang_dsa_mtp.e2e.server import generate, serve_each_instance
 
 WARMUP_INPUT_LEN = 1024
 WARMUP_NEW_TOKENS = 48
@@ -154,18 +151,20 @@ def run_sweep(
     if taken:
         raise ValueError(f"{', '.join(map(str, taken))} exist; write to a new --out")
     base_url = server_base_url(parsed)
-    for instance in INSTANCE_ORDER:
-        env = arm_env(instance.arm, os.environ)
-        log_path = out_dir / f"{instance.tag}.server.log"
-        with launch(server_command(server_args), env, log_path, base_url, startup_timeout_s):
-            run_instance(
-                base_url,
-                instance,
-                concurrencies,
-                parsed.max_running_requests,
-                dataset_path,
-                out_dir,
-            )
+    serve_each_instance(
+        server_args,
+        base_url,
+        out_dir,
+        startup_timeout_s,
+        lambda instance: run_instance(
+            base_url,
+            instance,
+            concurrencies,
+            parsed.max_running_requests,
+            dataset_path,
+            out_dir,
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------

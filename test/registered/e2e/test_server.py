@@ -86,3 +86,34 @@ def test_a_refused_request_is_an_error_with_the_server_answer(standin):
     server = standin(max_requests=0)
     with pytest.raises(RuntimeError, match="/generate: HTTP 503: .*request budget spent"):
         generate(server.base_url, {"text": "x", "sampling_params": {"max_new_tokens": 8}})
+
+
+def test_serve_each_instance_launches_the_interleaved_order_with_each_arms_switches(
+    tmp_path, monkeypatch
+):
+    from contextlib import contextmanager
+
+    from sglang_dsa_mtp.e2e.protocol import INSTANCE_ORDER
+    from sglang_dsa_mtp.switches import SWITCHES
+
+    events = []
+
+    @contextmanager
+    def fake_launch(command, env, log_path, base_url, startup_timeout_s):
+        switches = [env.get(switch.env) for switch in SWITCHES]
+        events.append(("up", log_path.name, switches, base_url, startup_timeout_s))
+        yield base_url
+        events.append(("down", log_path.name))
+
+    monkeypatch.setattr(server_module, "launch", fake_launch)
+    ran = []
+    server_module.serve_each_instance(
+        ["--port", "30000"], "http://127.0.0.1:30000", tmp_path, 12.0, ran.append
+    )
+    assert ran == list(INSTANCE_ORDER)
+    expected = []
+    for instance in INSTANCE_ORDER:
+        switches = ["0", "0"] if instance.arm == "stock" else [None, None]
+        name = f"{instance.tag}.server.log"
+        expected += [("up", name, switches, "http://127.0.0.1:30000", 12.0), ("down", name)]
+    assert events == expected

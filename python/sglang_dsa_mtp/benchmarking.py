@@ -101,3 +101,19 @@ def write_json(path: str, *, gpu: str, launch_floor_us: float, copy_bytes_per_us
             f,
             indent=1,
         )
+
+
+def add_timing_arguments(parser) -> None:
+    """The options every kernel benchmark takes: tunable sweeps, graph size, replays, cold or hot
+    L2, and a JSON file for every measurement."""
+    parser.add_argument(
+        "--tune",
+        action="append",
+        default=[],
+        metavar="NAME=v1,v2",
+        help=f"sweep one of our tunables {TUNABLE} (repeatable: every combination is timed)",
+    )
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--hot-l2", action="store_true", help="skip the cold-L2 memsets")
+    parser.add_argument("--json", help="write every measurement to this file")

@@ -52,7 +52,7 @@ import torch
 import triton
 
 from sglang_dsa_mtp.benchmarking import (
-    TUNABLE,
+    add_timing_arguments,
     copy_bandwidth_bytes_per_us,
     launch_floor_us,
     markdown_header,
@@ -115,17 +115,7 @@ def main(argv=None) -> int:
     parser.add_argument("--live", default="1024,65536", help="live KV lengths")
     parser.add_argument("--bs", default="1,4,16")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"any of {ARMS}")
-    parser.add_argument(
-        "--tune",
-        action="append",
-        default=[],
-        metavar="NAME=v1,v2",
-        help=f"sweep one of our tunables {TUNABLE} (repeatable: every combination is timed)",
-    )
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--replays", type=int, default=30)
-    parser.add_argument("--hot-l2", action="store_true", help="skip the cold-L2 memsets")
-    parser.add_argument("--json", help="write every measurement to this file")
+    add_timing_arguments(parser)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_dsa_draft_decode_metadata needs a CUDA GPU", file=sys.stderr)

@@ -12,6 +12,7 @@ the path, for the reference kernels; there an import of ``sglang`` would fail an
 raises ModuleNotFoundError at once, which ``importorskip`` reports as a skip.
 """
 
+import pkgutil
 import sys
 from importlib import metadata
 
@@ -54,3 +55,66 @@ def fresh_switches(monkeypatch):
         monkeypatch.delenv(switch.env, raising=False)
     monkeypatch.setattr(log, "_seen", set())
     return SWITCHES
+
+
+# --- hook sites: SGLang's real plugin loader has applied our real tables ---------------------------
+# SGLang is imported inside these fixtures, so that collecting the tests on the GPU machine (which has
+# SGLang's files but not its dependencies) leaves the skipping to each module's ``importorskip``.
+
+
+@pytest.fixture
+def set_platform(monkeypatch):
+    """``set_platform(cuda=..., hip=...)``: what SGLang's and our hook sites see as the platform."""
+    import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
+
+    from sglang_dsa_mtp.integration import (
+        dsa_metadata_selection,
+        dsa_mtp_draft_metadata,
+        eagle_draft_argmax,
+    )
+
+    def set_(*, cuda, hip):
+        for module in (manager, dsa_metadata_selection, dsa_mtp_draft_metadata, eagle_draft_argmax):
+            monkeypatch.setattr(module, "is_cuda", lambda: cuda)
+            monkeypatch.setattr(module, "is_hip", lambda: hip)
+
+    return set_
+
+
+@pytest.fixture
+def hooked(fresh_switches, monkeypatch, set_platform):
+    """SGLang's ``load_plugins()`` has run our ``register()`` with the real tables and applied the
+    hooks, on a CUDA platform. Every patched SGLang attribute is restored afterwards, and the
+    attributes the plugin added to SGLang classes are removed."""
+    import sglang.srt.plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_dsa_mtp import plugin
+
+    monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    monkeypatch.setattr(sglang.srt.plugins, "_plugins_loaded", False)
+    monkeypatch.setattr(plugin, "_status", None)
+    for row in plugin.HOOKS:  # restore every hooked SGLang attribute after the test
+        owner_path, _, attr = row.target.rpartition(".")
+        owner = pkgutil.resolve_name(owner_path)
+        original = vars(owner)[attr]
+        monkeypatch.setattr(owner, attr, original)
+        # SGLang rebinds ``from X import f`` copies of a hooked function in every module: restore them.
+        for module in list(sys.modules.values()):
+            for name, value in list(getattr(module, "__dict__", {}).items()):
+                if value is original and module is not owner:
+                    monkeypatch.setattr(module, name, original)
+    added = []
+    for row in plugin.ATTRIBUTES:
+        owner_path, _, attr = row.target.rpartition(".")
+        owner = pkgutil.resolve_name(owner_path)
+        if attr not in vars(owner):
+            added.append((owner, attr))
+    monkeypatch.setenv("SGLANG_PLUGINS", plugin.ENTRY_POINT)
+    sglang.srt.plugins.load_plugins()
+    set_platform(cuda=True, hip=False)
+    yield monkeypatch
+    for owner, attr in added:
+        if attr in vars(owner):
+            delattr(owner, attr)

@@ -1,10 +1,12 @@
-"""SGLang plugin entry point: registers each enabled feature's hooks from one table.
+"""SGLang plugin entry point: registers each enabled feature's hooks from two tables.
 
 SGLang's ``load_plugins()`` calls ``register()`` in every server process (entry point ``dsa_mtp`` in
-the group ``sglang.srt.plugins``), then applies the registered hooks. A feature is registered whole or
-not at all: it stays off, and SGLang keeps its own path, when the installed SGLang is not a version we
-tested, when its kill switch is off, or when any of its hook rows does not resolve. ``register()``
-never raises into SGLang.
+the group ``sglang.srt.plugins``), then applies the registered hooks. ``HOOKS`` lists every hook on an
+SGLang function or method; ``ATTRIBUTES`` lists the few names the plugin adds to SGLang classes (an
+opt-in method, a field default), which SGLang's ``HookRegistry`` cannot create. A feature is registered
+whole or not at all: it stays off, and SGLang keeps its own path, when the installed SGLang is not a
+version we tested, when its kill switch is off, or when any of its rows does not resolve (a hook
+target that is missing, an attribute SGLang already defines). ``register()`` never raises into SGLang.
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_dsa_mtp.integration.log import logger
-from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, SWITCHES, KillSwitch
+from sglang_dsa_mtp.switches import (
+    BOUNDED_REPLAY_METADATA,
+    DRAFT_ARGMAX_EXCHANGE,
+    SWITCHES,
+    KillSwitch,
+)
 
 ENTRY_POINT = "dsa_mtp"
 TESTED_SGLANG_VERSIONS = ("0.5.23",)
@@ -41,8 +48,29 @@ class PluginHook:
     hook: str
 
 
+@dataclass(frozen=True)
+class PluginAttribute:
+    """One row of the attribute table: while ``switch`` is on, ``target`` is set to ``value``.
+
+    ``target`` is ``"<dotted SGLang class>.<new attribute>"``; the class must not define the attribute
+    already (if it does, SGLang has changed and the feature stays off). ``value`` is
+    ``"sglang_dsa_mtp.integration.<module>:<name>"``, imported only by ``register()``.
+    """
+
+    switch: KillSwitch
+    target: str
+    value: str
+
+
 _DSA_MANAGER = "sglang.srt.layers.attention.dsa.dsa_metadata_manager.DSAMetadataManagementMixin"
 _DSA_MULTI_STEP = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
+_LOGITS = "sglang.srt.layers.logits_processor"
+_EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
+_DRAFT_EXTEND_RUNNER = (
+    "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner"
+)
+_EXCHANGE = "sglang_dsa_mtp.integration.draft_argmax_exchange"
+_EAGLE_PICK = "sglang_dsa_mtp.integration.eagle_draft_argmax"
 
 # Every effect this plugin has on SGLang: (switch, SGLang target, hook type, our hook).
 HOOKS: tuple[PluginHook, ...] = (
@@ -66,6 +94,61 @@ HOOKS: tuple[PluginHook, ...] = (
         HookType.AROUND,
         "sglang_dsa_mtp.integration.dsa_mtp_draft_metadata:one_launch_out_graph",
     ),
+    # Greedy-draft argmax exchange, in an opted-in draft LogitsProcessor: all-reduce the shard's
+    # argmax partials instead of gathering the logits, and hand the partials on with the output.
+    PluginHook(
+        DRAFT_ARGMAX_EXCHANGE,
+        f"{_LOGITS}.LogitsProcessor._get_logits",
+        HookType.AROUND,
+        f"{_EXCHANGE}:exchange_instead_of_gather",
+    ),
+    PluginHook(
+        DRAFT_ARGMAX_EXCHANGE,
+        f"{_LOGITS}.LogitsProcessor.forward",
+        HookType.AFTER,
+        f"{_EXCHANGE}:attach_partials",
+    ),
+    # The EAGLE v2 draft worker opts its draft model in before capturing its graphs, then picks
+    # its greedy tokens from the partials: draft decode inside the graph (draft_topk1_postprocess's
+    # rule), draft extend right after its replay (torch.argmax's rule).
+    PluginHook(
+        DRAFT_ARGMAX_EXCHANGE,
+        f"{_EAGLE_V2}._capture_cuda_graphs",
+        HookType.BEFORE,
+        f"{_EAGLE_PICK}:opt_in_draft_model",
+    ),
+    PluginHook(
+        DRAFT_ARGMAX_EXCHANGE,
+        "sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess",
+        HookType.AROUND,
+        f"{_EAGLE_PICK}:draft_decode_pick",
+    ),
+    PluginHook(
+        DRAFT_ARGMAX_EXCHANGE,
+        f"{_DRAFT_EXTEND_RUNNER}.execute",
+        HookType.AROUND,
+        f"{_EAGLE_PICK}:draft_extend_replay_pick",
+    ),
+    PluginHook(
+        DRAFT_ARGMAX_EXCHANGE,
+        f"{_EAGLE_V2}._draft_extend_for_decode",
+        HookType.AROUND,
+        f"{_EAGLE_PICK}:draft_extend_for_decode",
+    ),
+)
+
+# Names the plugin adds to SGLang classes: (switch, SGLang class + new attribute, our value).
+ATTRIBUTES: tuple[PluginAttribute, ...] = (
+    PluginAttribute(
+        DRAFT_ARGMAX_EXCHANGE,
+        f"{_LOGITS}.LogitsProcessor.enable_draft_argmax_exchange",
+        f"{_EXCHANGE}:enable_draft_argmax_exchange",
+    ),
+    PluginAttribute(
+        DRAFT_ARGMAX_EXCHANGE,
+        f"{_LOGITS}.LogitsProcessorOutput.next_token_argmax_partials",
+        f"{_EXCHANGE}:NO_PARTIALS",
+    ),
 )
 
 
@@ -78,6 +161,7 @@ class FeatureStatus(NamedTuple):
 class _Plan:
     status: dict[str, FeatureStatus]
     hooks: tuple[tuple[PluginHook, Callable], ...]
+    attributes: tuple[tuple[PluginAttribute, type, object], ...]
     warnings: tuple[str, ...]
 
 
@@ -123,24 +207,45 @@ def _resolve_hook(path: str) -> Callable:
     return hook
 
 
+def _resolve_attribute(row: PluginAttribute) -> tuple[type, object]:
+    """The SGLang class that gets ``row``'s new attribute, and the value it gets."""
+    owner_path, _, name = row.target.rpartition(".")
+    owner = pkgutil.resolve_name(owner_path)
+    if not isinstance(owner, type):
+        raise TypeError(f"{owner_path} is not a class")
+    if hasattr(owner, name):
+        raise AttributeError(f"SGLang already defines {name}; this plugin does not replace it")
+    return owner, pkgutil.resolve_name(row.value)
+
+
 class _Unresolved(LookupError):
     pass
 
 
-def _resolve_rows(switch: KillSwitch) -> list[tuple[PluginHook, Callable]]:
-    """Every row of ``switch``'s feature with its hook; raises naming the first that does not resolve."""
-    resolved = []
+def _resolve_rows(switch: KillSwitch) -> tuple[list, list]:
+    """Every hook and attribute row of ``switch``'s feature, resolved; raises naming the first that
+    does not resolve."""
+    hooks, attributes = [], []
     for row in HOOKS:
         if row.switch != switch:
             continue
         try:
             _resolve_target(row.target)
-            resolved.append((row, _resolve_hook(row.hook)))
+            hooks.append((row, _resolve_hook(row.hook)))
         except Exception as exc:
             raise _Unresolved(
                 f"hook {row.hook} on {row.target} does not resolve ({type(exc).__name__}: {exc})"
             ) from exc
-    return resolved
+    for row in ATTRIBUTES:
+        if row.switch != switch:
+            continue
+        try:
+            attributes.append((row, *_resolve_attribute(row)))
+        except Exception as exc:
+            raise _Unresolved(
+                f"attribute {row.target} cannot be added ({type(exc).__name__}: {exc})"
+            ) from exc
+    return hooks, attributes
 
 
 def _plan() -> _Plan:
@@ -152,26 +257,28 @@ def _plan() -> _Plan:
         return _Plan(
             status={switch.feature: FeatureStatus(False, reason) for switch in SWITCHES},
             hooks=(),
+            attributes=(),
             warnings=(f"all features are off, SGLang runs unchanged: {reason}",),
         )
-    status, hooks, warnings = {}, [], []
+    status, hooks, attributes, warnings = {}, [], [], []
     for switch in SWITCHES:
         enabled, why = switch.state()
         if not enabled:
             status[switch.feature] = FeatureStatus(False, why)
             continue
         try:
-            rows = _resolve_rows(switch)
+            feature_hooks, feature_attributes = _resolve_rows(switch)
         except _Unresolved as exc:
             status[switch.feature] = FeatureStatus(False, str(exc))
             warnings.append(f"{switch.feature} is off, SGLang's own path is used: {exc}")
             continue
-        if not rows:
+        if not feature_hooks:
             status[switch.feature] = FeatureStatus(False, "not yet implemented in this version")
             continue
         status[switch.feature] = FeatureStatus(True, why)
-        hooks += rows
-    return _Plan(status, tuple(hooks), tuple(warnings))
+        hooks += feature_hooks
+        attributes += feature_attributes
+    return _Plan(status, tuple(hooks), tuple(attributes), tuple(warnings))
 
 
 def feature_status() -> dict[str, FeatureStatus]:
@@ -188,6 +295,8 @@ def register() -> None:
         plan = _plan()
         for warning in plan.warnings:
             logger.warning("sglang_dsa_mtp: %s", warning)
+        for row, owner, value in plan.attributes:
+            setattr(owner, row.target.rpartition(".")[2], value)
         for row, hook in plan.hooks:
             HookRegistry.register(row.target, hook, row.hook_type)
         _status = plan.status

@@ -1,10 +1,12 @@
 """The plugin entry point: SGLang's loader runs register(), which registers each enabled feature whole.
 
 Rows of the hook table are swapped in per test; they hook ``EnvBool.parse``, a real SGLang method that
-is cheap to call and to restore.
+is cheap to call and to restore. Attribute rows add names to ``EnvBool``; every attribute a test adds
+to an SGLang class is removed afterwards.
 """
 
 import logging
+import pkgutil
 
 import pytest
 
@@ -15,11 +17,13 @@ from sglang.srt.environ import EnvBool
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_dsa_mtp import plugin
-from sglang_dsa_mtp.plugin import ENTRY_POINT, FeatureStatus, PluginHook
+from sglang_dsa_mtp.plugin import ENTRY_POINT, FeatureStatus, PluginAttribute, PluginHook
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE
 
 TARGET = "sglang.srt.environ.EnvBool.parse"
 HOOK = f"{__name__}:record_parse"
+NEW_ATTRIBUTE = "sglang.srt.environ.EnvBool.sglang_dsa_mtp_test_attribute"
+ATTRIBUTE_VALUE = 42
 parsed = []
 
 
@@ -28,11 +32,17 @@ def record_parse(result, self, value):
     parsed.append((value, result))
 
 
+def attribute_owner_and_name(row: PluginAttribute) -> tuple[type, str]:
+    owner, _, name = row.target.rpartition(".")
+    return pkgutil.resolve_name(owner), name
+
+
 @pytest.fixture
 def fresh_plugin(fresh_switches, monkeypatch):
     """A process where no plugin has loaded yet: empty hook registry, ``register()`` not yet run.
 
-    Everything is restored afterwards, including ``EnvBool.parse`` should SGLang's loader patch it.
+    Everything is restored afterwards, including ``EnvBool.parse`` should SGLang's loader patch it,
+    and the attributes ``register()`` added to SGLang classes are removed.
     """
     monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
     monkeypatch.setattr(HookRegistry, "_patched", set())
@@ -41,11 +51,21 @@ def fresh_plugin(fresh_switches, monkeypatch):
     monkeypatch.setattr(EnvBool, "parse", EnvBool.parse)
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
     parsed.clear()
-    return monkeypatch
+    rows = plugin.ATTRIBUTES + (PluginAttribute(BOUNDED_REPLAY_METADATA, NEW_ATTRIBUTE, ""),)
+    absent = [
+        (owner, name)
+        for owner, name in map(attribute_owner_and_name, rows)
+        if name not in vars(owner)
+    ]
+    yield monkeypatch
+    for owner, name in absent:
+        if name in vars(owner):
+            delattr(owner, name)
 
 
-def use_hooks(monkeypatch, *rows):
+def use_hooks(monkeypatch, *rows, attributes=()):
     monkeypatch.setattr(plugin, "HOOKS", rows)
+    monkeypatch.setattr(plugin, "ATTRIBUTES", attributes)
 
 
 def registered():
@@ -103,6 +123,59 @@ def test_the_shipped_table_resolves_completely(fresh_plugin, caplog):
     plugin.register()
     assert plugin_warnings(caplog) == []
     assert len(registered()) == len({row.target for row in plugin.HOOKS})
+    for row in plugin.ATTRIBUTES:
+        owner, name = attribute_owner_and_name(row)
+        assert vars(owner)[name] is pkgutil.resolve_name(row.value)
+
+
+def test_the_shipped_attributes_are_an_opt_in_method_and_a_none_field_default(fresh_plugin):
+    from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+
+    plugin.register()
+    assert callable(LogitsProcessor.enable_draft_argmax_exchange)
+    assert LogitsProcessorOutput(next_token_logits=None).next_token_argmax_partials is None
+
+
+def test_attribute_rows_are_added_with_their_feature(fresh_plugin):
+    row = PluginAttribute(BOUNDED_REPLAY_METADATA, NEW_ATTRIBUTE, f"{__name__}:ATTRIBUTE_VALUE")
+    use_hooks(
+        fresh_plugin,
+        PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK),
+        attributes=(row,),
+    )
+    plugin.register()
+    assert EnvBool.sglang_dsa_mtp_test_attribute == ATTRIBUTE_VALUE
+
+
+def test_attribute_rows_of_a_switched_off_feature_are_not_added(fresh_plugin):
+    fresh_plugin.setenv(BOUNDED_REPLAY_METADATA.env, "0")
+    row = PluginAttribute(BOUNDED_REPLAY_METADATA, NEW_ATTRIBUTE, f"{__name__}:ATTRIBUTE_VALUE")
+    use_hooks(
+        fresh_plugin,
+        PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK),
+        attributes=(row,),
+    )
+    plugin.register()
+    assert not hasattr(EnvBool, "sglang_dsa_mtp_test_attribute")
+
+
+def test_an_attribute_sglang_already_defines_disables_its_feature(fresh_plugin, caplog):
+    row = PluginAttribute(
+        BOUNDED_REPLAY_METADATA, "sglang.srt.environ.EnvBool.parse", f"{__name__}:ATTRIBUTE_VALUE"
+    )
+    use_hooks(
+        fresh_plugin,
+        PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK),
+        attributes=(row,),
+    )
+    with caplog.at_level(logging.WARNING, logger="sglang_dsa_mtp"):
+        plugin.register()
+    assert registered() == {}
+    assert EnvBool.parse is not ATTRIBUTE_VALUE
+    status = plugin.feature_status()[BOUNDED_REPLAY_METADATA.feature]
+    assert not status.enabled and "already defines parse" in status.reason
+    [warning] = plugin_warnings(caplog)
+    assert "EnvBool.parse" in warning
 
 
 def test_a_feature_without_hook_rows_is_off_as_not_yet_implemented(fresh_plugin):

@@ -1,0 +1,215 @@
+"""Hook site: a draft model's ``LogitsProcessor``, greedy drafts exchanging argmax partials.
+
+SGLang 0.5.23's ``LogitsProcessor._get_logits`` computes this rank's LM-head shard and all-gathers
+``rows x vocab`` logits across the TP group; a greedy (topk=1) EAGLE draft then only takes their
+argmax. A draft worker opts its processor in with ``enable_draft_argmax_exchange(lm_head)`` (added to
+the class by the plugin); from then on, for the calls that only feed that argmax, the AROUND hook on
+``_get_logits`` reduces the shard to argmax partials (``draft_argmax_partials``) and sums them over
+the TP group with SGLang's own all-reduce (``get_tp_group().all_reduce``), instead of the gather:
+
+- draft decode (``ForwardMode.DECODE``) and the graph draft extend (``DRAFT_EXTEND_V2`` with
+  ``draft_extend_select_index``, one row per request); nothing else: the prefill draft extend
+  (``EXTEND``, which needs probabilities), the eager draft extend (all rows, selected afterwards),
+  idle batches, logprob requests and the target model keep the gather.
+
+The AFTER hook on ``forward`` then sets ``LogitsProcessorOutput.next_token_argmax_partials`` (a
+class-level default of None, added by the plugin) to the all-reduced exchange buffer. The output's
+``next_token_logits`` holds no logits in that case: it is a zero-stride ``[rows, vocab_size]`` view
+of the exchange buffer, which carries the shape SGLang's draft worker reads
+(``draft_forward`` passes ``next_token_logits.shape[-1]`` to its bounds probe) and keeps the buffer
+reachable through row slices (:func:`exchange_of`). Its values are not logits; SGLang's own
+``draft_topk1_postprocess`` refuses it (it requires unit column stride), and the plugin's consumers
+(``eagle_draft_argmax``) read the exchange instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from sglang.srt.distributed import get_tp_group
+from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+
+from sglang_dsa_mtp.integration.log import log_once
+from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route, agree_across_group
+from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import (
+    LOGITS_DTYPES,
+    MAX_VOCAB,
+    draft_argmax_partials,
+    exchange_shape,
+)
+from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
+
+NO_PARTIALS = None  # LogitsProcessorOutput.next_token_argmax_partials everywhere else
+STATE = "_sglang_dsa_mtp_argmax_exchange"  # the engaged processor's _Exchange
+_EXCHANGE_MARK = "_sglang_dsa_mtp_exchange_buffer"  # set on every exchange buffer we hand out
+DEFAULT_MAX_ROWS = 256
+
+
+@dataclass(frozen=True)
+class _Exchange:
+    lm_head: torch.nn.Module
+    tp_rank: int
+    tp_size: int
+    route: str
+
+
+def stand_in_logits(exchange: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A zero-stride ``[rows, vocab_size]`` view of ``exchange`` (no logits, no memory)."""
+    setattr(exchange, _EXCHANGE_MARK, True)
+    return exchange[:, :1].expand(exchange.shape[0], vocab_size)
+
+
+def exchange_of(logits: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The exchange buffer rows behind a :func:`stand_in_logits` view (or a row slice of one), else
+    None: real logits, None, anything else."""
+    if logits is None:
+        return None
+    base = logits._base
+    if base is None or not getattr(base, _EXCHANGE_MARK, False):
+        return None
+    return base[: logits.shape[0]]
+
+
+def exchange_state(processor) -> Optional[_Exchange]:
+    """The processor's engaged exchange, or None (not opted in, or kept the gather)."""
+    return processor.__dict__.get(STATE)
+
+
+def _processor_blocker(processor) -> Optional[str]:
+    if not processor.do_tensor_parallel_all_gather:
+        return "the processor does not gather logits across TP ranks (tp size 1 or skip_all_gather)"
+    if processor.use_attn_tp_group:
+        return "DP LM head (--enable-dp-lm-head) gathers over the attention-TP group"
+    if processor.do_tensor_parallel_all_gather_dp_attn:
+        return "DP attention gathers hidden states across DP ranks"
+    if processor.use_tp_lm_head_all_to_all:
+        return "the TP LM-head all-to-all (--enable-tp-lm-head-all-to-all) owns the layout"
+    if processor.final_logit_softcapping:
+        return "final-logit softcapping gathers fp32 logits and caps them (fused gather kept)"
+    if not 1 <= processor.vocab_size <= MAX_VOCAB:
+        return f"vocab size {processor.vocab_size} is outside 1..{MAX_VOCAB}"
+    return None
+
+
+def _lm_head_blocker(lm_head, group) -> Optional[str]:
+    if hasattr(lm_head, "set_lora"):
+        return "the LM head is LoRA-wrapped"
+    if not isinstance(lm_head, ParallelLMHead):
+        return f"the LM head is a {type(lm_head).__name__}, not a vocab-parallel ParallelLMHead"
+    if not lm_head.enable_tp or lm_head.use_attn_tp_group:
+        return "the LM head is not sharded over the TP group"
+    if not isinstance(lm_head.quant_method, UnquantizedEmbeddingMethod):
+        return f"the LM head is quantized ({type(lm_head.quant_method).__name__})"
+    if getattr(lm_head, "bias", None) is not None:
+        return "the LM head has a bias"
+    if lm_head.num_added_embeddings:
+        return f"the LM head has {lm_head.num_added_embeddings} added (LoRA) vocab entries"
+    if lm_head.weight.dtype not in LOGITS_DTYPES:
+        return f"the LM head weight is {lm_head.weight.dtype}, the partials take bf16 or fp32"
+    if lm_head.tp_size != group.world_size:
+        return f"the LM head has {lm_head.tp_size} shards, the TP group {group.world_size} ranks"
+    width = lm_head.num_embeddings_per_partition
+    start = lm_head.shard_indices.padded_org_vocab_start_index
+    if start != group.rank_in_group * width or lm_head.weight.shape[0] != width:
+        return "the LM head's shard is not the rank's contiguous slice of the vocab"
+    return None
+
+
+def enable_draft_argmax_exchange(self, lm_head, *, max_rows: int = DEFAULT_MAX_ROWS) -> bool:
+    """Opt this (draft model's) ``LogitsProcessor`` in to the greedy-draft argmax exchange.
+
+    ``lm_head`` is the head the model passes to ``forward``; ``max_rows`` the most rows one call has
+    (the largest captured batch). Engages, and returns True, only when every condition holds: the
+    kill switch is on; the processor gathers vocab-parallel logits over the TP group (tp > 1, no DP
+    attention, no DP LM head, no LM-head all-to-all, no final-logit softcapping); ``lm_head`` is a
+    plain vocab-parallel ``ParallelLMHead`` (bf16/fp32, unquantized, no LoRA, no added vocab, rank r
+    owning the r-th contiguous shard); and SGLang's TP all-reduce of the exchange buffer, for 1 and
+    ``max_rows`` rows, would not run on NCCL inside a CUDA-graph capture. Otherwise the processor keeps
+    the gather, and the reason is logged once. Collective: call it on every rank of the TP group, which
+    settles on one answer for all ranks.
+    """
+    reason, route = None, None
+    try:
+        enabled, why = DRAFT_ARGMAX_EXCHANGE.state()
+        reason = None if enabled else why
+        group = get_tp_group()
+        reason = reason or _processor_blocker(self) or _lm_head_blocker(lm_head, group)
+        if reason is None:
+            for rows in sorted({1, max(1, int(max_rows))}):
+                probe = torch.empty(
+                    exchange_shape(rows, lm_head.num_embeddings_per_partition, group.world_size),
+                    dtype=torch.float32,
+                    device=lm_head.weight.device,
+                )
+                route, nccl = all_reduce_route(group, probe)
+                if nccl:
+                    reason = (
+                        f"the exchange's all-reduce ({rows} rows) would run on NCCL ({route}) "
+                        "inside the CUDA-graph capture"
+                    )
+                    break
+        reason = agree_across_group(group, reason)
+    except Exception as exc:  # never take the server down: the gather stays
+        reason = f"the opt-in check raised {type(exc).__name__}: {exc}"
+    if reason is not None:
+        self.__dict__.pop(STATE, None)
+        log_once(
+            logging.INFO,
+            ("argmax-exchange-off", reason),
+            "sglang_dsa_mtp: greedy draft keeps the logits gather: %s",
+            reason,
+        )
+        return False
+    self.__dict__[STATE] = _Exchange(lm_head, group.rank_in_group, group.world_size, route)
+    log_once(
+        logging.INFO,
+        ("argmax-exchange-on", route),
+        "sglang_dsa_mtp: greedy draft exchanges argmax partials (all-reduce: %s)",
+        route,
+    )
+    return True
+
+
+def _exchange_applies(state, lm_head, logits_metadata, embedding_bias) -> bool:
+    if state is None or lm_head is not state.lm_head or embedding_bias is not None:
+        return False
+    if logits_metadata.extend_return_logprob:
+        return False
+    mode = logits_metadata.forward_mode
+    if mode.is_decode():
+        return True
+    return mode.is_draft_extend_v2() and logits_metadata.draft_extend_select_index is not None
+
+
+def exchange_instead_of_gather(
+    original, self, hidden_states, lm_head, logits_metadata, embedding_bias=None, **kwargs
+):
+    """AROUND ``LogitsProcessor._get_logits``: for an engaged processor's greedy-draft calls, the
+    all-reduced argmax partials behind a stand-in view instead of the gathered logits."""
+    state = self.__dict__.get(STATE)
+    if not _exchange_applies(state, lm_head, logits_metadata, embedding_bias):
+        return original(self, hidden_states, lm_head, logits_metadata, embedding_bias, **kwargs)
+    logits = self._compute_lm_head(hidden_states, lm_head, None)
+    if self.logit_scale is not None:
+        logits.mul_(self.logit_scale)
+    exchange = draft_argmax_partials(
+        logits, tp_rank=state.tp_rank, tp_size=state.tp_size, vocab_size=self.vocab_size
+    )
+    exchange = get_tp_group().all_reduce(exchange)
+    if exchange._base is not None:  # an all-reduce that returned a view: own the rows
+        exchange = exchange.clone()
+    return stand_in_logits(exchange, self.vocab_size)
+
+
+def attach_partials(result, self, *args, **kwargs):
+    """AFTER ``LogitsProcessor.forward``: name the exchange buffer in the output when there is one."""
+    if STATE in self.__dict__ and result is not None:
+        exchange = exchange_of(result.next_token_logits)
+        if exchange is not None:
+            result.next_token_argmax_partials = exchange
+    return result
+

@@ -1,0 +1,156 @@
+"""Hook site: SGLang 0.5.23's EAGLE v2 draft worker, picking greedy draft tokens from argmax partials.
+
+Four hooks (the processor side is ``draft_argmax_exchange``):
+
+- BEFORE ``EagleDraftWorker._capture_cuda_graphs`` (inside the draft's TP context, before any
+  capture): when the worker drafts greedily through the topk=1 paths, opt its draft model's
+  ``LogitsProcessor`` in (``enable_draft_argmax_exchange``). The target model never opts in.
+- AROUND ``draft_topk1_postprocess`` (the draft-decode pick, called inside the draft-decode graph):
+  on an exchange stand-in, ``draft_argmax_finalize`` with SGLang's ``sanitize`` rule (NaN counts as
+  -1e30), writing the same ``topk_p``, ``topk_index``, draft-token column and positions.
+- AROUND ``EAGLEDraftExtendCudaGraphRunner.execute``: the runner rebuilds the output from the graph's
+  logits and hidden states; the partials are put back (``next_token_argmax_partials``) and, when
+  ``_draft_extend_for_decode`` asked for it, the token is picked right after the replay with the
+  ``propagate`` rule (``torch.argmax``'s: the first NaN wins), the rule SGLang's CUDA draft extend
+  uses on the gathered logits. ``next_token_logits`` becomes a meta tensor of the same shape, so that
+  SGLang's ``torch.argmax`` on it, whose result is replaced, costs no GPU work.
+- AROUND ``EagleDraftWorker._draft_extend_for_decode``: asks for that pick and stores it in the next
+  draft input (``topk_p``, ``topk_index``) in place of SGLang's. The eager draft extend (a batch the
+  graph cannot run) gathers the logits as before and keeps SGLang's pick.
+
+The pick after the draft-extend replay is one launch on the replay's exchange rows; SGLang's path
+launches an argmax over ``rows x vocab`` fp32 logits and a fill there. Picking inside the graph
+instead would leave the tokens in graph-owned memory that the next replay overwrites while the next
+draft input still holds them, so they would need a copy out (SGLang copies the hidden states out for
+that reason).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from sglang.srt.environ import envs
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
+from sglang.srt.runtime_context import get_spec
+from sglang.srt.utils import is_cuda, is_hip
+
+from sglang_dsa_mtp.integration.draft_argmax_exchange import DEFAULT_MAX_ROWS, exchange_of
+from sglang_dsa_mtp.integration.log import log_once
+from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_finalize
+from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
+
+ENGAGED = "_sglang_dsa_mtp_argmax_exchange"  # on the worker: its draft processor opted in
+
+
+@dataclass
+class _Pick:
+    topk_p: Optional[torch.Tensor] = None
+    topk_index: Optional[torch.Tensor] = None
+
+
+# Set while _draft_extend_for_decode runs for an engaged worker: where the replay leaves its pick.
+_PENDING_PICK: contextvars.ContextVar[Optional[_Pick]] = contextvars.ContextVar(
+    "sglang_dsa_mtp_draft_extend_pick", default=None
+)
+
+
+def why_not_exchange(worker) -> Optional[str]:
+    """Why this draft worker's greedy picks must keep reading gathered logits, or None."""
+    enabled, why = DRAFT_ARGMAX_EXCHANGE.state()
+    if not enabled:
+        return why
+    if is_hip() or not is_cuda():
+        return "not a CUDA platform (the topk=1 draft paths differ there)"
+    if worker.topk != 1:
+        return f"--speculative-eagle-topk is {worker.topk}: drafts need probabilities"
+    if worker.hot_token_id is not None:
+        return "a hot-token map (--speculative-token-map) reindexes the draft vocab"
+    if get_spec().speculative_use_rejection_sampling:
+        return "rejection sampling (--speculative-use-rejection-sampling) samples the draft logits"
+    for name in ("SGLANG_ENABLE_ASYNC_ASSERT", "SGLANG_ENABLE_NAN_LOGITS_CHECK"):
+        if getattr(envs, name).get():
+            return f"{name} is on: its probes read the draft logits"
+    model = worker.draft_runner.model
+    if not isinstance(getattr(model, "logits_processor", None), LogitsProcessor):
+        return f"the draft model {type(model).__name__} has no LogitsProcessor `logits_processor`"
+    if getattr(model, "lm_head", None) is None:
+        return f"the draft model {type(model).__name__} has no `lm_head`"
+    return None
+
+
+def _max_rows(worker) -> int:
+    try:
+        capture_bs, _ = get_batch_sizes_to_capture(worker.draft_runner)
+        return max(capture_bs)
+    except Exception:
+        return DEFAULT_MAX_ROWS
+
+
+def opt_in_draft_model(worker, *args, **kwargs):
+    """BEFORE ``EagleDraftWorker._capture_cuda_graphs``: opt the draft model's processor in."""
+    try:
+        reason = why_not_exchange(worker)
+        if reason is None:
+            model = worker.draft_runner.model
+            engaged = model.logits_processor.enable_draft_argmax_exchange(
+                model.lm_head, max_rows=_max_rows(worker)
+            )
+            worker.__dict__[ENGAGED] = engaged
+            return None
+    except Exception as exc:  # never take the server down: the gather stays
+        reason = f"the opt-in raised {type(exc).__name__}: {exc}"
+    worker.__dict__[ENGAGED] = False
+    log_once(
+        logging.INFO,
+        ("argmax-exchange-worker-off", reason),
+        "sglang_dsa_mtp: greedy draft keeps the logits gather: %s",
+        reason,
+    )
+    return None
+
+
+def draft_decode_pick(original, next_token_logits, positions, *args, **kwargs):
+    """AROUND ``draft_topk1_postprocess``: on an exchange stand-in, finalize from the partials."""
+    exchange = exchange_of(next_token_logits)
+    if exchange is None:
+        return original(next_token_logits, positions, *args, **kwargs)
+    return draft_argmax_finalize(exchange, positions, *args, **kwargs, nan_policy="sanitize")
+
+
+def draft_extend_replay_pick(original, runner, *args, **kwargs):
+    """AROUND ``EAGLEDraftExtendCudaGraphRunner.execute``: keep the partials in the rebuilt output,
+    and pick the tokens from them when the draft worker asked for it."""
+    out = original(runner, *args, **kwargs)
+    exchange = exchange_of(out.next_token_logits)
+    if exchange is None:
+        return out
+    out.next_token_argmax_partials = exchange
+    pick = _PENDING_PICK.get()
+    if pick is not None:
+        pick.topk_p, pick.topk_index = draft_argmax_finalize(exchange, nan_policy="propagate")
+        out.next_token_logits = torch.empty(
+            out.next_token_logits.shape, dtype=torch.float32, device="meta"
+        )
+    return out
+
+
+def draft_extend_for_decode(original, worker, batch, batch_result, *args, **kwargs):
+    """AROUND ``EagleDraftWorker._draft_extend_for_decode``: the next draft input gets the tokens
+    picked from the partials when the draft-extend replay produced them."""
+    if not worker.__dict__.get(ENGAGED, False):
+        return original(worker, batch, batch_result, *args, **kwargs)
+    pick = _Pick()
+    token = _PENDING_PICK.set(pick)
+    try:
+        result = original(worker, batch, batch_result, *args, **kwargs)
+    finally:
+        _PENDING_PICK.reset(token)
+    if pick.topk_index is not None:
+        next_draft_input = batch_result.next_draft_input
+        next_draft_input.topk_p, next_draft_input.topk_index = pick.topk_p, pick.topk_index
+    return result

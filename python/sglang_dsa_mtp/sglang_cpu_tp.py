@@ -1,0 +1,345 @@
+"""SGLang 0.5.23's real LM-head logits path in a tensor-parallel group of CPU processes (gloo).
+
+* :func:`sglang_tp_group`: inside a process started by
+  :func:`sglang_dsa_mtp.draft_argmax_cases.run_group`, publishes a dummy SGLang config with
+  ``tp_size=world``, builds SGLang's distributed environment and model-parallel groups on gloo,
+  and tears them down on exit.
+* :func:`build_lm_head`: a vocab-parallel ``ParallelLMHead`` holding this rank's shard of a seeded
+  full weight, and a ``LogitsProcessor`` that all-gathers the logits over the TP group.
+* :func:`logits_forward`: ``LogitsProcessor.forward`` with a real ``LogitsMetadata`` (decode or
+  draft-extend-v2, no logprobs).
+* :func:`reference_logits`: the gathered logits recomputed shard by shard, as SGLang computes them.
+* :func:`exchange_on_off_worker`: body of the two-process CPU test of the draft argmax exchange.
+
+SGLang is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+
+from sglang_dsa_mtp.devices import select_device
+
+FORWARD_MODES = ("decode", "draft_extend_v2")
+
+
+@contextlib.contextmanager
+def sglang_tp_group(rank: int, world: int, init_method: str):
+    """SGLang's TP group of ``world`` CPU processes on gloo, this process being ``rank``.
+
+    Call it first in a spawned child: it selects the device (``TRITON_INTERPRET=1`` without CUDA)
+    before anything imports SGLang or Triton. Yields SGLang's TP ``GroupCoordinator``.
+
+    Steps: ``get_context().override_server_args(tp_size=world).install()``;
+    ``get_parallel().override(tp_rank=rank)`` (the override publishes no ranks);
+    ``init_distributed_environment(backend="gloo")``; ``initialize_model_parallel(backend="gloo")``
+    with ``use_pynccl=False, use_custom_allreduce=False`` forced on every group it builds (a CUDA
+    build of torch finds libnccl and PyNccl then asks for a CUDA device; the custom all-reduce
+    only warns). ``LOCAL_SIZE`` is dropped from the environment so that SGLang's CPU shared-memory
+    collectives (``sgl_kernel.shm_*``) stay off and CPU tensors go through gloo. On exit: the
+    groups, WORLD and the process group are destroyed and the previous config is restored.
+    """
+    if select_device().type != "cpu":
+        raise RuntimeError("sglang_tp_group builds a CPU (gloo) group; this machine has CUDA")
+    os.environ.pop("LOCAL_SIZE", None)
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.runtime_context import get_context, get_parallel
+
+    build_group = parallel_state.init_model_parallel_group
+
+    def build_cpu_group(*args, **kwargs):
+        kwargs.update(use_pynccl=False, use_custom_allreduce=False)
+        return build_group(*args, **kwargs)
+
+    override = get_context().override_server_args(tp_size=world)
+    override.install()
+    try:
+        with get_parallel().override(tp_rank=rank):
+            try:
+                parallel_state.init_distributed_environment(
+                    world_size=world,
+                    rank=rank,
+                    local_rank=rank,
+                    distributed_init_method=init_method,
+                    backend="gloo",
+                )
+                parallel_state.init_model_parallel_group = build_cpu_group
+                try:
+                    parallel_state.initialize_model_parallel(backend="gloo")
+                finally:
+                    parallel_state.init_model_parallel_group = build_group
+                yield parallel_state.get_tp_group()
+            finally:
+                parallel_state.destroy_model_parallel()
+                parallel_state.destroy_distributed_environment()
+    finally:
+        override.restore()
+
+
+def full_lm_head_weight(vocab_size: int, hidden: int, *, dtype: torch.dtype, seed: int):
+    """The seeded ``[vocab_size, hidden]`` weight (normal times 0.05, then ``dtype``)."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(vocab_size, hidden, generator=gen) * 0.05).to(dtype)
+
+
+def build_lm_head(
+    vocab_size: int,
+    hidden: int,
+    *,
+    dtype: torch.dtype,
+    seed: int,
+    logit_scale: Optional[float] = None,
+    final_logit_softcapping: Optional[float] = None,
+):
+    """``(lm_head, processor, full_weight)``, inside :func:`sglang_tp_group`.
+
+    ``full_weight`` is :func:`full_lm_head_weight` (the same on every rank). The head's shard is
+    loaded from it by SGLang's ``weight_loader``, which zeroes the padding rows. The processor is
+    ``LogitsProcessor(SimpleNamespace(vocab_size=...[, final_logit_softcapping=...]),
+    logit_scale=logit_scale)``. A softcapped forward cannot run under Triton's interpreter: SGLang
+    softcaps CPU logits with a Triton kernel (``is_cpu()`` is False without
+    ``SGLANG_USE_CPU_ENGINE=1``) that calls ``libdevice.tanh``, which the interpreter of Triton 3.8
+    does not implement.
+    """
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+
+    full_weight = full_lm_head_weight(vocab_size, hidden, dtype=dtype, seed=seed)
+    lm_head = ParallelLMHead(vocab_size, hidden, params_dtype=dtype)
+    lm_head.weight.weight_loader(lm_head.weight, full_weight)
+    config = SimpleNamespace(vocab_size=vocab_size)
+    if final_logit_softcapping is not None:
+        config.final_logit_softcapping = final_logit_softcapping
+    processor = LogitsProcessor(config, logit_scale=logit_scale)
+    return lm_head, processor, full_weight
+
+
+def logits_metadata(mode: str, select_index: Optional[torch.Tensor] = None):
+    """A real ``LogitsMetadata`` for ``mode`` (see :func:`logits_forward`)."""
+    from sglang.srt.layers.logits_processor import LogitsMetadata
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    if mode == "decode":
+        if select_index is not None:
+            raise ValueError("select_index is for mode 'draft_extend_v2'")
+        return LogitsMetadata(forward_mode=ForwardMode.DECODE)
+    if mode == "draft_extend_v2":
+        return LogitsMetadata(
+            forward_mode=ForwardMode.DRAFT_EXTEND_V2, draft_extend_select_index=select_index
+        )
+    raise ValueError(f"mode must be one of {FORWARD_MODES}, got {mode!r}")
+
+
+def logits_forward(
+    processor,
+    lm_head,
+    hidden_states: torch.Tensor,
+    *,
+    mode: str,
+    select_index: Optional[torch.Tensor] = None,
+):
+    """The ``LogitsProcessorOutput`` of ``processor.forward(input_ids, hidden_states, lm_head,
+    metadata)``. ``mode``: ``"decode"`` or ``"draft_extend_v2"`` (``select_index`` then picks the
+    rows that get logits, or None for all). No logprobs; ``input_ids`` are zeros (unread)."""
+    metadata = logits_metadata(mode, select_index)
+    input_ids = torch.zeros(hidden_states.shape[0], dtype=torch.int64)
+    return processor.forward(input_ids, hidden_states, lm_head, metadata)
+
+
+def reference_logits(
+    hidden_states: torch.Tensor,
+    full_weight: torch.Tensor,
+    world: int,
+    shard_width: int,
+    *,
+    logit_scale: Optional[float] = None,
+) -> torch.Tensor:
+    """fp32 ``[rows, vocab_size]``: ``hidden @ full_weight.T`` computed as SGLang's gathered path
+    does, one zero-padded ``[shard_width, hidden]`` shard per rank in the weight's dtype, times
+    ``logit_scale`` in that dtype, concatenated, sliced to the vocab, then fp32 (no softcap)."""
+    vocab_size, hidden = full_weight.shape
+    padded = torch.zeros(world * shard_width, hidden, dtype=full_weight.dtype)
+    padded[:vocab_size] = full_weight
+    parts = []
+    for shard in padded.split(shard_width):
+        logits = torch.matmul(hidden_states.to(full_weight.dtype), shard.contiguous().T)
+        if logit_scale is not None:
+            logits.mul_(logit_scale)
+        parts.append(logits)
+    return torch.cat(parts, dim=-1)[:, :vocab_size].float()
+
+
+def _bits_differ(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
+    """None when ``got`` and ``want`` are bit-identical fp32 tensors of one shape, else why not."""
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return f"got {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}"
+    differ = got.contiguous().view(torch.int32) != want.contiguous().view(torch.int32)
+    if not bool(differ.any()):
+        return None
+    where = differ.nonzero()[0].tolist()
+    diff = (got.double() - want.double()).abs().max().item()
+    return f"{int(differ.sum())} elements differ (first at {where}, max abs diff {diff:.3g})"
+
+
+def _sglang_pick(output, mode: str, rows: int) -> dict:
+    """SGLang's greedy draft pick from the output's (gathered) logits, or the plugin's from its
+    partials: draft decode through ``draft_topk1_postprocess`` (hooked by the plugin), draft
+    extend as SGLang's CUDA path does (``torch.argmax``) or from the partials (``propagate``)."""
+    from sglang.kernels.ops.speculative import topk1
+
+    from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import (
+        draft_argmax_finalize,
+    )
+
+    if mode == "decode":
+        positions = torch.arange(rows, dtype=torch.int64) * 3 + 5
+        draft_tokens = torch.full((rows, 3), -7, dtype=torch.int64)
+        topk_p, topk_index = topk1.draft_topk1_postprocess(
+            output.next_token_logits, positions, draft_tokens, 1
+        )
+        return dict(
+            topk_p=topk_p, topk_index=topk_index, positions=positions, draft_tokens=draft_tokens
+        )
+    if output.next_token_argmax_partials is not None:
+        _, topk_index = draft_argmax_finalize(
+            output.next_token_argmax_partials, nan_policy="propagate"
+        )
+    else:
+        topk_index = torch.argmax(output.next_token_logits, dim=-1, keepdim=True)
+    return dict(topk_index=topk_index)
+
+
+def exchange_on_off_worker(
+    rank: int,
+    world: int,
+    init_method: str,
+    result_dir: str,
+    vocab_size: int = 1001,
+    hidden: int = 64,
+    logit_scale: float = 0.37,
+) -> None:
+    """Body of the CPU TP test of the draft argmax exchange; writes ``rank<r>.json``.
+
+    In :func:`sglang_tp_group`, with the plugin registered and its hooks applied by SGLang's
+    ``HookRegistry``: ``get_tp_group().all_reduce`` of fp32 and bf16 CPU tensors against the rank
+    sum; the opt-in's cross-rank agreement (a reason on one rank reaches every rank); then for bf16
+    and fp32, with and without ``logit_scale``:
+
+    * exchange off: the head's shard against the full weight, ``next_token_logits`` of decode (rows
+      1..5) and draft extend (8 rows, ``select_index`` [7, 0, 3, 3]) bit for bit against
+      :func:`reference_logits`, and SGLang's pick from them;
+    * ``enable_draft_argmax_exchange`` engages (route: CPU all-reduce);
+    * exchange on: the same forwards return ``next_token_argmax_partials``, and the picks from them
+      (tokens, ``topk_p``, positions, draft tokens) equal SGLang's.
+
+    Column 700 (rank 1's shard) repeats column 5's weight and row 0 of every batch points at it:
+    a cross-rank tie that the lower column must win.
+    """
+    start = time.monotonic()
+    report = {"rank": rank, "world": world, "checked": 0, "failures": [], "all_reduce": []}
+    failures = report["failures"]
+    try:
+        with sglang_tp_group(rank, world, init_method) as tp_group:
+            from sglang.srt.distributed import get_tp_group
+            from sglang.srt.plugins.hook_registry import HookRegistry
+
+            from sglang_dsa_mtp import plugin
+            from sglang_dsa_mtp.integration.draft_argmax_exchange import exchange_state
+            from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group
+
+            plugin.register()
+            HookRegistry.apply_hooks()
+            report["group"] = dict(world_size=tp_group.world_size, rank=tp_group.rank_in_group)
+            report["setup_s"] = round(time.monotonic() - start, 2)
+            for dtype in (torch.float32, torch.bfloat16):
+                base = torch.arange(1, 13, dtype=torch.float32).view(3, 4) * 0.25
+                mine = (base * (rank + 1)).to(dtype)
+                out = get_tp_group().all_reduce(mine)
+                want = (base * (world * (world + 1) // 2)).to(dtype)
+                report["all_reduce"].append(dict(dtype=str(dtype), sum_ok=torch.equal(out, want)))
+            report["agreed"] = agree_across_group(
+                tp_group, "only rank 1 objects" if rank == 1 else None
+            )
+
+            for dtype in (torch.bfloat16, torch.float32):
+                for scale in (None, logit_scale):
+                    where = f"{dtype}, logit_scale {scale}"
+                    lm_head, processor, full_weight = build_lm_head(
+                        vocab_size, hidden, dtype=dtype, seed=11, logit_scale=scale
+                    )
+                    full_weight[700] = full_weight[5]
+                    width = lm_head.num_embeddings_per_partition
+                    lm_head.weight.weight_loader(lm_head.weight, full_weight)
+                    report["flags"] = dict(
+                        do_tensor_parallel_all_gather=processor.do_tensor_parallel_all_gather,
+                        use_attn_tp_group=processor.use_attn_tp_group,
+                        do_tensor_parallel_all_gather_dp_attn=(
+                            processor.do_tensor_parallel_all_gather_dp_attn
+                        ),
+                    )
+                    report["shard_width"] = width
+                    padded = torch.zeros(world * width, hidden, dtype=dtype)
+                    padded[:vocab_size] = full_weight
+                    if not torch.equal(
+                        lm_head.weight.data, padded[rank * width : (rank + 1) * width]
+                    ):
+                        failures.append(f"{where}: the loaded shard differs from the full weight")
+
+                    cases = [("decode", rows, None) for rows in range(1, 6)]
+                    cases.append(("draft_extend_v2", 8, torch.tensor([0, 7, 3, 3])))
+                    batches, picks = [], []
+                    for mode, rows, select_index in cases:
+                        gen = torch.Generator().manual_seed(1000 * rows + len(mode))
+                        states = torch.randn(rows, hidden, generator=gen).to(dtype)
+                        states[0] = full_weight[5].float().mul(40.0).to(dtype)
+                        batches.append(states)
+                        output = logits_forward(
+                            processor, lm_head, states, mode=mode, select_index=select_index
+                        )
+                        picked = states if select_index is None else states[select_index]
+                        want = reference_logits(
+                            picked, full_weight, world, width, logit_scale=scale
+                        )
+                        problem = _bits_differ(output.next_token_logits, want)
+                        if problem:
+                            failures.append(f"{where}, {mode}, {rows} rows: {problem}")
+                        picks.append(_sglang_pick(output, mode, rows))
+                        if int(picks[-1]["topk_index"][0]) != 5:
+                            failures.append(f"{where}, {mode}: row 0 did not pick column 5")
+
+                    if not processor.enable_draft_argmax_exchange(lm_head, max_rows=8):
+                        failures.append(f"{where}: the exchange did not engage")
+                        continue
+                    report["route"] = exchange_state(processor).route
+                    for (mode, rows, select_index), states, expected in zip(
+                        cases, batches, picks
+                    ):
+                        output = logits_forward(
+                            processor, lm_head, states, mode=mode, select_index=select_index
+                        )
+                        if output.next_token_argmax_partials is None:
+                            failures.append(f"{where}, {mode}, {rows} rows: no partials")
+                            continue
+                        ours = _sglang_pick(output, mode, rows)
+                        for name, value in expected.items():
+                            if value.dtype != ours[name].dtype or not torch.equal(
+                                value, ours[name]
+                            ):
+                                failures.append(
+                                    f"{where}, {mode}, {rows} rows: {name} {ours[name].tolist()}"
+                                    f", SGLang's {value.tolist()}"
+                                )
+                        report["checked"] += 1
+    finally:
+        report["seconds"] = round(time.monotonic() - start, 2)
+        Path(result_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=1))
+    if failures:
+        raise AssertionError(f"rank {rank}: " + "\n".join(failures[:20]))

@@ -1,0 +1,192 @@
+"""Fixtures for the greedy-draft argmax exchange on SGLang's real classes, in one CPU process.
+
+``draft_head(...)`` builds SGLang's real ``ParallelLMHead`` and ``LogitsProcessor`` as TP rank 1 of 2:
+SGLang's runtime config is published (``override_server_args``) and the parallel context names an
+:class:`EmulatedPeerGroup` as the TP group. That group plays rank 0 from the full weight: its
+``all_gather`` puts rank 0's shard logits before ours (SGLang's gather) and its ``all_reduce`` adds
+rank 0's exchange buffer (the plugin's exchange), so both paths see a whole vocabulary and can be
+compared with the gathered reference. SGLang is imported inside the fixtures.
+"""
+
+import contextlib
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Optional
+
+import pytest
+import torch
+
+from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_partials
+
+HIDDEN = 64
+
+
+class EmulatedPeerGroup:
+    """SGLang's TP group as rank ``rank`` sees it, with the other ranks computed from the full weight.
+
+    ``hidden`` is set by the test before each forward; peers' shards are rows of ``full_weight``.
+    No communicator is configured, like a group without custom all-reduce or pynccl.
+    """
+
+    def __init__(self, rank: int, world: int, full_weight: torch.Tensor, shard_width: int):
+        self.rank_in_group, self.world_size = rank, world
+        self.full_weight, self.shard_width = full_weight, shard_width
+        self.vocab_size = full_weight.shape[0]
+        self.hidden: Optional[torch.Tensor] = None
+        self.logit_scale: Optional[float] = None
+        self.cpu_group = None
+        self.ca_comm = self.pynccl_comm = self.pymscclpp_comm = None
+        self.qr_comm = self.torch_symm_mem_comm = self.pcie_ipc_comm = None
+        self.calls: list[str] = []
+
+    def shard_logits(self, rank: int, dtype: torch.dtype) -> torch.Tensor:
+        padded = torch.zeros(self.world_size * self.shard_width, self.full_weight.shape[1], dtype=dtype)
+        padded[: self.vocab_size] = self.full_weight.to(dtype)
+        weight = padded[rank * self.shard_width : (rank + 1) * self.shard_width]
+        logits = torch.matmul(self.hidden.to(dtype), weight.T)
+        if self.logit_scale is not None:
+            logits.mul_(self.logit_scale)
+        return logits
+
+    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        self.calls.append("all_gather")
+        parts = [
+            tensor if r == self.rank_in_group else self.shard_logits(r, tensor.dtype)
+            for r in range(self.world_size)
+        ]
+        return torch.cat(parts, dim=dim)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.calls.append("all_reduce")
+        total = tensor.clone()
+        for r in range(self.world_size):
+            if r != self.rank_in_group:
+                peer = self.shard_logits(r, self.dtype)
+                total += draft_argmax_partials(
+                    peer, tp_rank=r, tp_size=self.world_size, vocab_size=self.vocab_size
+                )
+        return total
+
+    def is_symmetric_memory_enabled(self) -> bool:
+        return False
+
+    def _can_use_flashinfer_allreduce(self, tensor) -> bool:
+        return False
+
+
+@dataclass
+class DraftHead:
+    processor: object
+    lm_head: object
+    group: EmulatedPeerGroup
+    vocab_size: int
+
+    def metadata(self, mode: str, select_index=None, **fields):
+        from sglang.srt.layers.logits_processor import LogitsMetadata
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        forward_mode = {
+            "decode": ForwardMode.DECODE,
+            "idle": ForwardMode.IDLE,
+            "extend": ForwardMode.EXTEND,
+            "draft_extend_v2": ForwardMode.DRAFT_EXTEND_V2,
+        }[mode]
+        return LogitsMetadata(
+            forward_mode=forward_mode, draft_extend_select_index=select_index, **fields
+        )
+
+    def forward(self, hidden: torch.Tensor, mode: str = "decode", select_index=None, **fields):
+        """SGLang's ``LogitsProcessor.forward`` on ``hidden`` (rows of the whole batch)."""
+        self.group.hidden = hidden if select_index is None else hidden[select_index]
+        input_ids = torch.zeros(hidden.shape[0], dtype=torch.int64)
+        metadata = self.metadata(mode, select_index, **fields)
+        return self.processor.forward(input_ids, hidden, self.lm_head, metadata)
+
+    def gathered_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """SGLang's gathered fp32 logits for ``hidden``, every rank's shard concatenated and sliced."""
+        self.group.hidden = hidden
+        dtype = self.lm_head.weight.dtype
+        shards = [self.group.shard_logits(r, dtype) for r in range(self.group.world_size)]
+        return torch.cat(shards, dim=-1)[:, : self.vocab_size].float()
+
+
+@pytest.fixture
+def draft_head():
+    """``draft_head(vocab_size=..., dtype=..., **options)``: rank 1 of an emulated TP 2 draft head.
+
+    Each call installs its own group as SGLang's TP group: the head built last is the one whose
+    group SGLang's collectives reach.
+
+    Options: ``logit_scale``, ``final_logit_softcapping``, ``skip_all_gather``, ``tp_size``,
+    ``enable_dp_lm_head``, ``attn_dp_size``, ``enable_tp_lm_head_all_to_all``, ``added_vocab``.
+    """
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+    from sglang.srt.runtime_context import get_context, get_parallel
+
+    stack = contextlib.ExitStack()
+    override = get_context().override_server_args()
+    override.install()
+    stack.callback(override.restore)
+
+    def build(
+        vocab_size=1001,
+        dtype=torch.bfloat16,
+        *,
+        seed=0,
+        tp_size=2,
+        logit_scale=None,
+        final_logit_softcapping=None,
+        skip_all_gather=False,
+        enable_dp_lm_head=False,
+        attn_dp_size=1,
+        enable_tp_lm_head_all_to_all=False,
+        added_vocab=0,
+    ) -> DraftHead:
+        generator = torch.Generator().manual_seed(seed)
+        full_weight = torch.randn(vocab_size, HIDDEN, generator=generator).to(dtype)
+        placeholder = SimpleNamespace(world_size=tp_size, rank_in_group=min(1, tp_size - 1))
+        attn_tp_size = tp_size // attn_dp_size
+        attn_placeholder = SimpleNamespace(
+            world_size=attn_tp_size, rank_in_group=placeholder.rank_in_group % attn_tp_size
+        )
+        parallel = dict(
+            tp_size=tp_size,
+            tp_rank=placeholder.rank_in_group,
+            moe_tp_size=tp_size,
+            attn_tp_size=attn_tp_size,
+            attn_tp_rank=attn_placeholder.rank_in_group,
+            attn_dp_size=attn_dp_size,
+            enable_dp_lm_head=enable_dp_lm_head,
+            enable_tp_lm_head_all_to_all=enable_tp_lm_head_all_to_all,
+            tp_group=placeholder,
+            attn_tp_group=attn_placeholder,
+        )
+        stack.enter_context(get_parallel().override(**parallel))
+        lm_head = ParallelLMHead(
+            vocab_size + added_vocab,
+            HIDDEN,
+            params_dtype=dtype,
+            org_num_embeddings=vocab_size,
+        )
+        group = EmulatedPeerGroup(
+            placeholder.rank_in_group, tp_size, full_weight, lm_head.num_embeddings_per_partition
+        )
+        group.logit_scale, group.dtype = logit_scale, dtype
+        attn_group = group if attn_dp_size == 1 else attn_placeholder
+        stack.enter_context(get_parallel().override(tp_group=group, attn_tp_group=attn_group))
+        width = lm_head.num_embeddings_per_partition
+        with torch.no_grad():
+            lm_head.weight.zero_()
+            rows = full_weight[group.rank_in_group * width : (group.rank_in_group + 1) * width]
+            lm_head.weight[: rows.shape[0]] = rows
+        config = SimpleNamespace(
+            vocab_size=vocab_size, final_logit_softcapping=final_logit_softcapping
+        )
+        processor = LogitsProcessor(
+            config, skip_all_gather=skip_all_gather, logit_scale=logit_scale
+        )
+        return DraftHead(processor, lm_head, group, vocab_size)
+
+    with stack:
+        yield build

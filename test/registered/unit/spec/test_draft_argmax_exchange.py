@@ -1,0 +1,432 @@
+"""The greedy-draft argmax exchange's opt-in protocol and per-call gate, on SGLang's real classes.
+
+Everything runs in one CPU process through SGLang's real plugin loader (``hooked``), with SGLang's
+``LogitsProcessor`` and ``ParallelLMHead`` built as TP rank 1 of 2 and the other rank emulated
+(``conftest.EmulatedPeerGroup``); kernels run under Triton's interpreter. The real two-process TP
+group is in ``test_draft_argmax_exchange_cpu_tp.py`` (CPU) and
+``kernels/ops/speculative/test_draft_argmax_exchange_tp.py`` (two GPUs).
+"""
+
+import copy
+import inspect
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+
+import torch
+from sglang.kernels.ops.speculative.topk1 import draft_topk1_postprocess
+from sglang.srt.environ import envs
+from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+from sglang_dsa_mtp.integration import draft_argmax_exchange as exchange_site
+from sglang_dsa_mtp.integration import eagle_draft_argmax as worker_site
+from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
+
+ROWS = 5
+
+
+def hidden(rows=ROWS, seed=1, dtype=torch.bfloat16):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 64, generator=generator).to(dtype)
+
+
+def log_lines(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "sglang_dsa_mtp"]
+
+
+def engaged(processor) -> bool:
+    return exchange_site.exchange_state(processor) is not None
+
+
+# --- the processor's opt-in ------------------------------------------------------------------------
+
+
+def test_logits_processor_output_defaults_the_partials_field_to_none(hooked):
+    output = LogitsProcessorOutput(next_token_logits=torch.zeros(1, 4))
+    assert output.next_token_argmax_partials is None
+
+
+def test_opt_in_engages_when_every_condition_holds(hooked, draft_head, caplog):
+    head = draft_head()
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert head.processor.enable_draft_argmax_exchange(head.lm_head, max_rows=16) is True
+    assert engaged(head.processor)
+    assert any("exchanges argmax partials" in line for line in log_lines(caplog))
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (dict(tp_size=1), "does not gather logits across TP ranks"),
+        (dict(skip_all_gather=True), "does not gather logits across TP ranks"),
+        (dict(enable_dp_lm_head=True), "DP LM head"),
+        (dict(attn_dp_size=2), "DP attention"),
+        (dict(enable_tp_lm_head_all_to_all=True), "LM-head all-to-all"),
+        (dict(final_logit_softcapping=30.0), "softcapping"),
+        (dict(added_vocab=16), "added (LoRA) vocab"),
+        (dict(dtype=torch.float16), "the partials take bf16 or fp32"),
+    ],
+    ids=[
+        "tp1",
+        "skip-all-gather",
+        "dp-lm-head",
+        "dp-attention",
+        "lm-head-all-to-all",
+        "softcapping",
+        "added-vocab",
+        "fp16-head",
+    ],
+)
+def test_each_failing_condition_keeps_the_gather_and_names_why(
+    options, expected, hooked, draft_head, caplog
+):
+    head = draft_head(**options)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert head.processor.enable_draft_argmax_exchange(head.lm_head) is False
+    assert not engaged(head.processor)
+    [line] = [line for line in log_lines(caplog) if "keeps the logits gather" in line]
+    assert expected in line
+
+
+def test_a_lora_wrapped_or_quantized_head_keeps_the_gather(hooked, draft_head, caplog):
+    head = draft_head()
+    head.lm_head.set_lora = lambda *args: None
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert head.processor.enable_draft_argmax_exchange(head.lm_head) is False
+    del head.lm_head.set_lora
+    head.lm_head.quant_method = SimpleNamespace()
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert head.processor.enable_draft_argmax_exchange(head.lm_head) is False
+    lines = log_lines(caplog)
+    assert any("LoRA-wrapped" in line for line in lines)
+    assert any("quantized (SimpleNamespace)" in line for line in lines)
+
+
+def test_a_head_sharded_over_another_group_keeps_the_gather(hooked, draft_head, caplog):
+    head = draft_head()
+    head.group.world_size = 4
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert head.processor.enable_draft_argmax_exchange(head.lm_head) is False
+    assert any("2 shards, the TP group 4 ranks" in line for line in log_lines(caplog))
+
+
+def test_an_all_reduce_on_nccl_inside_capture_keeps_the_gather(hooked, draft_head, caplog):
+    head = draft_head()
+    probes = []
+
+    def nccl_route(group, probe):
+        probes.append(tuple(probe.shape))
+        return "pynccl (in place)", True
+
+    hooked.setattr(exchange_site, "all_reduce_route", nccl_route)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert head.processor.enable_draft_argmax_exchange(head.lm_head, max_rows=32) is False
+    assert probes == [(1, 2 * 1 * 4)], "probed with the exchange buffer's shape, one row first"
+    assert any("would run on NCCL (pynccl (in place))" in line for line in log_lines(caplog))
+
+
+def test_the_kill_switch_wins(hooked, draft_head, caplog):
+    head = draft_head()
+    hooked.setenv(DRAFT_ARGMAX_EXCHANGE.env, "0")
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert head.processor.enable_draft_argmax_exchange(head.lm_head) is False
+    assert any("SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE=0" in line for line in log_lines(caplog))
+
+
+def test_an_opt_in_check_that_raises_keeps_the_gather(hooked, draft_head, caplog):
+    head = draft_head()
+
+    def broken(group, probe):
+        raise RuntimeError("no such communicator")
+
+    hooked.setattr(exchange_site, "all_reduce_route", broken)
+    assert head.processor.enable_draft_argmax_exchange(head.lm_head) is False
+    assert not engaged(head.processor)
+
+
+# --- the exchange per call: same tokens as the gather ----------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("logit_scale", [None, 0.5])
+def test_exchange_on_and_off_pick_the_same_draft_decode_tokens(
+    dtype, logit_scale, hooked, draft_head
+):
+    head = draft_head(dtype=dtype, logit_scale=logit_scale)
+    states = hidden(dtype=dtype)
+    off = head.forward(states)
+    assert off.next_token_argmax_partials is None
+    assert torch.equal(off.next_token_logits, head.gathered_logits(states))
+
+    assert head.processor.enable_draft_argmax_exchange(head.lm_head)
+    head.group.calls.clear()
+    on = head.forward(states)
+    assert head.group.calls == ["all_reduce"], "the exchange replaced the gather"
+    assert on.next_token_argmax_partials is not None
+    assert on.next_token_logits.shape == (ROWS, head.vocab_size)
+    assert on.next_token_logits.stride() == (on.next_token_argmax_partials.stride(0), 0)
+
+    picks = {}
+    for name, output in (("off", off), ("on", on)):
+        positions = torch.arange(ROWS, dtype=torch.int64) * 7
+        draft_tokens = torch.full((ROWS, 3), -1, dtype=torch.int64)
+        topk_p, topk_index = worker_site.draft_decode_pick(
+            draft_topk1_postprocess, output.next_token_logits, positions, draft_tokens, 2
+        )
+        picks[name] = (topk_p, topk_index, positions, draft_tokens)
+    for ours, sglang in zip(picks["on"], picks["off"]):
+        assert ours.dtype == sglang.dtype and torch.equal(ours, sglang)
+
+
+def test_draft_extend_with_selected_rows_exchanges_and_picks_like_torch_argmax(
+    hooked, draft_head
+):
+    head = draft_head()
+    states = hidden(rows=12)
+    select_index = torch.tensor([2, 5, 8, 11])
+    assert head.processor.enable_draft_argmax_exchange(head.lm_head)
+    on = head.forward(states, "draft_extend_v2", select_index)
+    assert on.next_token_argmax_partials is not None
+    _, topk_index = worker_site.draft_argmax_finalize(
+        on.next_token_argmax_partials, nan_policy="propagate"
+    )
+    expected = torch.argmax(head.gathered_logits(states[select_index]), dim=-1, keepdim=True)
+    assert torch.equal(topk_index, expected)
+
+
+@pytest.mark.parametrize(
+    "mode, select, fields",
+    [
+        ("idle", False, {}),
+        ("extend", False, {}),
+        ("draft_extend_v2", False, {}),
+        ("decode", False, {"extend_return_logprob": True}),
+    ],
+    ids=["idle", "prefill-draft-extend", "eager-draft-extend", "logprobs"],
+)
+def test_calls_that_need_logits_keep_the_gather(mode, select, fields, hooked, draft_head):
+    head = draft_head()
+    assert head.processor.enable_draft_argmax_exchange(head.lm_head)
+    states = hidden()
+    head.group.calls.clear()
+    head.group.hidden = states
+    logits = head.processor._get_logits(states, head.lm_head, head.metadata(mode, **fields))
+    assert head.group.calls == ["all_gather"]
+    assert exchange_site.exchange_of(logits) is None
+    assert torch.equal(logits, head.gathered_logits(states))
+
+
+def test_another_head_or_a_bias_keeps_the_gather(hooked, draft_head):
+    head = draft_head()
+    assert head.processor.enable_draft_argmax_exchange(head.lm_head)
+    other_lm_head = copy.deepcopy(head.lm_head)
+    states = hidden()
+    head.group.hidden = states
+    head.group.calls.clear()
+    head.processor._get_logits(states, other_lm_head, head.metadata("decode"))
+    head.processor._get_logits(
+        states, head.lm_head, head.metadata("decode"), torch.zeros(head.vocab_size)
+    )
+    assert "all_reduce" not in head.group.calls
+
+
+def test_a_processor_that_did_not_opt_in_keeps_the_gather(hooked, draft_head):
+    head = draft_head()
+    output = head.forward(hidden())
+    assert head.group.calls == ["all_gather"]
+    assert output.next_token_argmax_partials is None
+
+
+# --- the EAGLE v2 draft worker's opt-in ------------------------------------------------------------
+
+
+@pytest.fixture
+def draft_worker(hooked, draft_head):
+    """``draft_worker(**fields)``: a real ``EagleDraftWorker`` (built without a model runner) whose
+    draft model owns a real draft head, plus a target model with its own processor."""
+    hooked.setattr(
+        worker_site, "get_spec", lambda: SimpleNamespace(speculative_use_rejection_sampling=False)
+    )
+    hooked.setattr(worker_site, "get_batch_sizes_to_capture", lambda runner: ([1, 2, 4, 8], None))
+
+    def build(**fields):
+        target = draft_head(seed=5)
+        head = draft_head()  # built last: its group is the TP group
+        worker = object.__new__(EagleDraftWorker)
+        worker.topk = 1
+        worker.hot_token_id = None
+        worker.draft_runner = SimpleNamespace(
+            model=SimpleNamespace(logits_processor=head.processor, lm_head=head.lm_head)
+        )
+        worker.target_worker = SimpleNamespace(
+            model_runner=SimpleNamespace(
+                model=SimpleNamespace(logits_processor=target.processor, lm_head=target.lm_head)
+            )
+        )
+        for name, value in fields.items():
+            setattr(worker, name, value)
+        return worker, head, target
+
+    return build
+
+
+def run_capture_hook(worker):
+    """What SGLang runs before capturing the draft graphs: the plugin's BEFORE hook, then the method
+    (here with nothing to capture)."""
+    worker_site.opt_in_draft_model(worker)
+    return worker.__dict__.get(worker_site.ENGAGED)
+
+
+def test_a_greedy_cuda_draft_worker_opts_its_draft_model_in_and_not_the_target(draft_worker):
+    worker, head, target = draft_worker()
+    assert run_capture_hook(worker) is True
+    assert engaged(head.processor)
+    assert not engaged(target.processor), "the target model never opts in"
+
+
+@pytest.mark.parametrize(
+    "setup, expected",
+    [
+        (lambda w, mp, plat: setattr(w, "topk", 2), "topk is 2"),
+        (lambda w, mp, plat: setattr(w, "hot_token_id", torch.arange(4)), "hot-token map"),
+        (
+            lambda w, mp, plat: mp.setattr(
+                worker_site,
+                "get_spec",
+                lambda: SimpleNamespace(speculative_use_rejection_sampling=True),
+            ),
+            "rejection sampling",
+        ),
+        (lambda w, mp, plat: plat(cuda=False, hip=False), "not a CUDA platform"),
+        (lambda w, mp, plat: plat(cuda=False, hip=True), "not a CUDA platform"),
+        (
+            lambda w, mp, plat: mp.setattr(
+                w.draft_runner.model, "logits_processor", None, raising=False
+            ),
+            "has no LogitsProcessor",
+        ),
+        (lambda w, mp, plat: mp.setenv(DRAFT_ARGMAX_EXCHANGE.env, "false"), "=false"),
+    ],
+    ids=["topk2", "hot-tokens", "rejection-sampling", "cpu", "hip", "no-processor", "switch-off"],
+)
+def test_a_draft_worker_that_cannot_use_partials_keeps_the_gather(
+    setup, expected, draft_worker, hooked, set_platform, caplog
+):
+    worker, head, _ = draft_worker()
+    setup(worker, hooked, set_platform)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert run_capture_hook(worker) is False
+    assert not engaged(head.processor)
+    assert any(expected in line for line in log_lines(caplog))
+
+
+@pytest.mark.parametrize("probe", ["SGLANG_ENABLE_ASYNC_ASSERT", "SGLANG_ENABLE_NAN_LOGITS_CHECK"])
+def test_sglang_logit_probes_keep_the_gather(probe, draft_worker, caplog):
+    worker, head, _ = draft_worker()
+    with getattr(envs, probe).override(True):
+        with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+            assert run_capture_hook(worker) is False
+    assert any(probe in line for line in log_lines(caplog))
+
+
+def test_the_capture_hook_is_registered_before_sglang_captures_the_draft_graphs(hooked):
+    from sglang_dsa_mtp import plugin
+
+    [row] = [r for r in plugin.HOOKS if r.hook.endswith(":opt_in_draft_model")]
+    assert row.target.endswith("EagleDraftWorker._capture_cuda_graphs")
+    assert row.hook_type.name == "BEFORE"
+
+
+# --- the draft-extend pick after the replay --------------------------------------------------------
+
+
+def sglang_draft_extend_tail(runner_execute, batch_result, forward_batch, select_index):
+    """The CUDA topk=1 tail of SGLang 0.5.23's ``_draft_extend_for_decode`` after a graph replay:
+    ``execute`` (which rebuilds the output), ``torch.argmax`` of its logits, ones, stored into the
+    next draft input."""
+    output = runner_execute(forward_batch, select_index)
+    topk_index = torch.argmax(output.next_token_logits, dim=-1, keepdim=True)
+    topk_p = torch.ones_like(topk_index, dtype=torch.float32)
+    batch_result.next_draft_input.topk_p = topk_p
+    batch_result.next_draft_input.topk_index = topk_index
+    batch_result.next_draft_input.hidden_states = output.hidden_states
+
+
+def test_draft_extend_replay_picks_from_partials_for_an_engaged_worker(draft_worker):
+    worker, head, _ = draft_worker()
+    assert run_capture_hook(worker)
+    states = hidden(rows=8)
+    select_index = torch.tensor([1, 3, 5, 7])
+    captured = head.forward(states, "draft_extend_v2", select_index)  # what the graph returns
+    raw_bs = 3
+
+    def sglang_execute(runner, forward_batch, select_index):
+        return LogitsProcessorOutput(
+            next_token_logits=captured.next_token_logits[:raw_bs],
+            hidden_states=captured.hidden_states,
+        )
+
+    runner = SimpleNamespace()
+
+    def execute(forward_batch, select_index):
+        return worker_site.draft_extend_replay_pick(
+            sglang_execute, runner, forward_batch, select_index
+        )
+
+    batch_result = SimpleNamespace(next_draft_input=SimpleNamespace())
+
+    def original(worker, batch, batch_result):
+        sglang_draft_extend_tail(execute, batch_result, None, select_index)
+
+    worker_site.draft_extend_for_decode(original, worker, None, batch_result)
+
+    expected = torch.argmax(
+        head.gathered_logits(states[select_index][:raw_bs]), dim=-1, keepdim=True
+    )
+    assert torch.equal(batch_result.next_draft_input.topk_index, expected)
+    assert batch_result.next_draft_input.topk_index.device.type == "cpu"
+    assert torch.equal(
+        batch_result.next_draft_input.topk_p, torch.ones(raw_bs, 1, dtype=torch.float32)
+    )
+
+
+def test_draft_extend_of_a_worker_that_did_not_opt_in_is_untouched(draft_worker):
+    worker, head, _ = draft_worker(topk=2)
+    assert run_capture_hook(worker) is False
+    sentinel = SimpleNamespace(topk_p="p", topk_index="i")
+    batch_result = SimpleNamespace(next_draft_input=sentinel)
+    calls = []
+    worker_site.draft_extend_for_decode(
+        lambda *args: calls.append(args), worker, None, batch_result
+    )
+    assert len(calls) == 1 and (sentinel.topk_p, sentinel.topk_index) == ("p", "i")
+
+
+def test_real_logits_reach_sglang_postprocess_unchanged(hooked):
+    logits = torch.randn(3, 50)
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "sglang"
+
+    positions = torch.zeros(3, dtype=torch.int64)
+    assert worker_site.draft_decode_pick(original, logits, positions, None, 0) == "sglang"
+    assert calls[0][0][0] is logits
+
+
+def test_sglang_postprocess_refuses_a_stand_in_instead_of_reading_it(hooked):
+    exchange = torch.zeros(2, 8)
+    stand_in = exchange_site.stand_in_logits(exchange, 100)
+    assert exchange_site.exchange_of(stand_in[:1]).shape == (1, 8)
+    with pytest.raises(AssertionError):
+        inspect.unwrap(draft_topk1_postprocess)(stand_in, torch.zeros(2, dtype=torch.int64))
+
+
+def test_logits_processor_class_gets_only_the_documented_additions(hooked):
+    assert callable(LogitsProcessor.enable_draft_argmax_exchange)
+    assert LogitsProcessorOutput.next_token_argmax_partials is None

@@ -1,0 +1,47 @@
+"""The draft argmax exchange in a real two-process TP group, on CPU (gloo), with SGLang's real
+``LogitsProcessor`` and vocab-parallel ``ParallelLMHead`` and the plugin's hooks applied by SGLang's
+``HookRegistry`` in each process; kernels under Triton's interpreter.
+
+This is the part of the TP test that needs SGLang's runtime (not installable on the GPU machine):
+the exchange off gathers logits bit-identical to the per-shard reference, the opt-in engages on
+the group's CPU all-reduce, and the exchange on gives the same tokens, ``topk_p``, positions and
+draft tokens as SGLang's pick from the gathered logits (draft decode and draft extend). The GPU
+side (NCCL and symmetric-memory all-reduce, CUDA graphs) is
+``kernels/ops/speculative/test_draft_argmax_exchange_tp.py``. The body of each process is
+``sglang_cpu_tp.exchange_on_off_worker``.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+
+from sglang_dsa_mtp.draft_argmax_cases import read_reports, run_group
+from sglang_dsa_mtp.sglang_cpu_tp import exchange_on_off_worker
+
+WORLD = 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU (gloo) harness; this machine has CUDA")
+def test_logits_processor_exchange_on_and_off_pick_the_same_tokens_in_a_cpu_tp_group(tmp_path):
+    run_group(exchange_on_off_worker, WORLD, str(tmp_path), timeout_s=300)
+    reports = read_reports(str(tmp_path), WORLD)
+    assert [r["rank"] for r in reports] == list(range(WORLD))
+    for report in reports:
+        where = f"rank {report['rank']}"
+        assert report["failures"] == [], where
+        assert report["group"] == dict(world_size=WORLD, rank=report["rank"]), where
+        assert report["flags"] == dict(
+            do_tensor_parallel_all_gather=True,
+            use_attn_tp_group=False,
+            do_tensor_parallel_all_gather_dp_attn=False,
+        ), where
+        assert report["shard_width"] == 512, where  # vocab 1001 padded to 1024, two shards
+        assert report["route"] == "CPU shared memory or torch.distributed", where
+        assert report["agreed"] is not None, f"{where}: rank 1's objection reached every rank"
+        # 2 dtypes x 2 logit scales x (decode rows 1..5 + draft extend)
+        assert report["checked"] == 2 * 2 * 6, where
+        assert [(a["dtype"], a["sum_ok"]) for a in report["all_reduce"]] == [
+            ("torch.float32", True),
+            ("torch.bfloat16", True),
+        ], where

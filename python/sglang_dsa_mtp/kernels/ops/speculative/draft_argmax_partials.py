@@ -56,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-SPLIT_N = 4096  # shard columns one partials program reduces (one load per program)
+SPLIT_N = 2048  # shard columns one partials program reduces (one load per program)
 PARTIALS_NUM_WARPS = 4
 FINALIZE_NUM_WARPS = 1  # one warp per row
 LANES = 4  # fp32 lanes per candidate
@@ -83,6 +83,11 @@ def exchange_shape(rows: int, shard_width: int, tp_size: int) -> tuple[int, int]
 # ----------------------------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _max_and_min(a_max, a_min, b_max, b_min):
+    return tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
 
 
 @triton.jit(do_not_specialize=["tp_rank", "col_base", "valid_width"])
@@ -117,9 +122,12 @@ def _draft_argmax_partials_kernel(
     # Order-preserving signed key; masked lanes below everything (-inf is 0x807FFFFF).
     key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
     key = tl.where(valid, key, -2147483647 - 1)
-    best = tl.max(key, axis=0)
-    local = tl.min(tl.where(valid & (key == best), offs, 2147483647), axis=0)
-    first_nan = tl.min(tl.where(is_nan, offs, 2147483647), axis=0)
+    # One block reduction: the key in the high half and the reversed column in the low half of an
+    # int64 (the max is the max key at its lowest column), the first NaN column alongside.
+    packed = (key.to(tl.int64) << 32) | (0x7FFFFFFF - offs).to(tl.int64)
+    packed, first_nan = tl.reduce((packed, tl.where(is_nan, offs, 2147483647)), 0, _max_and_min)
+    best = (packed >> 32).to(tl.int32)
+    local = (0x7FFFFFFF - (packed & 0xFFFFFFFF)).to(tl.int32)
 
     ukey = best.to(tl.int64) + 2147483648  # 0 exactly when the split has no valid column
     key_hi = (ukey >> 16).to(tl.float32)
@@ -165,14 +173,13 @@ def _draft_argmax_finalize_kernel(
     key_hi = tl.load(base, mask=mask, other=0.0).to(tl.int64)
     key_lo = tl.load(base + exchange_stride_lane, mask=mask, other=0.0).to(tl.int64)
     index = tl.load(base + 2 * exchange_stride_lane, mask=mask, other=0.0).to(tl.int64)
-    key = key_hi * 65536 + key_lo
-    best = tl.max(key, axis=0)
-    token = tl.min(tl.where(mask & (key == best), index, 2147483647), axis=0)
+    # The max key at its lowest column in one reduction: key << 24 | reversed column (< 2**24).
+    packed = (key_hi * 65536 + key_lo) << 24 | (0xFFFFFF - index)
+    token = 0xFFFFFF - (tl.max(packed, axis=0) & 0xFFFFFF)
     if PROPAGATE_NAN:
         nan_lane = tl.load(base + 3 * exchange_stride_lane, mask=mask, other=0.0).to(tl.int64)
         first_nan = tl.min(tl.where(mask & (nan_lane > 0), nan_lane - 1, 2147483647), axis=0)
         token = tl.where(first_nan < 2147483647, first_nan, token)
-    token = tl.where(token < 2147483647, token, 0)
 
     tl.store(topk_index + row, token)
     tl.store(topk_p + row, 1.0)

@@ -319,9 +319,7 @@ def exchange_on_off_worker(
                         failures.append(f"{where}: the exchange did not engage")
                         continue
                     report["route"] = exchange_state(processor).route
-                    for (mode, rows, select_index), states, expected in zip(
-                        cases, batches, picks
-                    ):
+                    for (mode, rows, select_index), states, expected in zip(cases, batches, picks):
                         output = logits_forward(
                             processor, lm_head, states, mode=mode, select_index=select_index
                         )

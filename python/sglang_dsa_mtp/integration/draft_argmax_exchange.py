@@ -34,7 +34,7 @@ from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 
 from sglang_dsa_mtp.integration.log import log_once
-from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route, agree_across_group
+from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group, all_reduce_route
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import (
     LOGITS_DTYPES,
     MAX_VOCAB,
@@ -212,4 +212,3 @@ def attach_partials(result, self, *args, **kwargs):
         if exchange is not None:
             result.next_token_argmax_partials = exchange
     return result
-

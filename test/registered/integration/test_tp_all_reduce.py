@@ -16,9 +16,7 @@ import torch
 
 from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
 
-PROBE = SimpleNamespace(
-    is_cpu=False, is_cuda=True, numel=lambda: 16 * 152, element_size=lambda: 4
-)
+PROBE = SimpleNamespace(is_cpu=False, is_cuda=True, numel=lambda: 16 * 152, element_size=lambda: 4)
 PROBE.is_contiguous = lambda: True
 PROBE.device = SimpleNamespace(type="cuda")
 
@@ -74,9 +72,7 @@ PYNCCL = SimpleNamespace(disabled=True)  # pynccl is disabled outside graph_capt
             False,
         ),
         (
-            group(
-                pynccl_comm=PYNCCL, symm_mem=True, ca_comm=comm("should_custom_ar", True)
-            ),
+            group(pynccl_comm=PYNCCL, symm_mem=True, ca_comm=comm("should_custom_ar", True)),
             "custom all-reduce",
             False,
         ),

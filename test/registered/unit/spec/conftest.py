@@ -40,7 +40,9 @@ class EmulatedPeerGroup:
         self.calls: list[str] = []
 
     def shard_logits(self, rank: int, dtype: torch.dtype) -> torch.Tensor:
-        padded = torch.zeros(self.world_size * self.shard_width, self.full_weight.shape[1], dtype=dtype)
+        padded = torch.zeros(
+            self.world_size * self.shard_width, self.full_weight.shape[1], dtype=dtype
+        )
         padded[: self.vocab_size] = self.full_weight.to(dtype)
         weight = padded[rank * self.shard_width : (rank + 1) * self.shard_width]
         logits = torch.matmul(self.hidden.to(dtype), weight.T)

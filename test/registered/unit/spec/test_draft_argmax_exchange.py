@@ -182,9 +182,7 @@ def test_exchange_on_and_off_pick_the_same_draft_decode_tokens(
         assert ours.dtype == sglang.dtype and torch.equal(ours, sglang)
 
 
-def test_draft_extend_with_selected_rows_exchanges_and_picks_like_torch_argmax(
-    hooked, draft_head
-):
+def test_draft_extend_with_selected_rows_exchanges_and_picks_like_torch_argmax(hooked, draft_head):
     head = draft_head()
     states = hidden(rows=12)
     select_index = torch.tensor([2, 5, 8, 11])

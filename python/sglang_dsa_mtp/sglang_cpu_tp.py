@@ -241,7 +241,8 @@ def exchange_on_off_worker(
       (tokens, ``topk_p``, positions, draft tokens) equal SGLang's.
 
     Column 700 (rank 1's shard) repeats column 5's weight and row 0 of every batch points at it:
-    a cross-rank tie that the lower column must win.
+    a cross-rank tie that the lower column must win. Last, rank 1's opt-in check raises: both ranks
+    still agree, on keeping the gather.
     """
     start = time.monotonic()
     report = {"rank": rank, "world": world, "checked": 0, "failures": [], "all_reduce": []}
@@ -336,6 +337,18 @@ def exchange_on_off_worker(
                                     f", SGLang's {value.tolist()}"
                                 )
                         report["checked"] += 1
+
+            # One rank's opt-in check fails: every rank still agrees, and keeps the gather.
+            from sglang_dsa_mtp.integration import draft_argmax_exchange as site
+
+            lm_head, processor, _ = build_lm_head(vocab_size, hidden, dtype=dtype, seed=12)
+            if rank == 1:
+
+                def broken(*args):
+                    raise RuntimeError("rank 1 cannot tell")
+
+                site._local_blocker = broken
+            report["engaged_when_rank_1_fails"] = processor.enable_draft_argmax_exchange(lm_head)
     finally:
         report["seconds"] = round(time.monotonic() - start, 2)
         Path(result_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=1))

@@ -119,6 +119,29 @@ def _lm_head_blocker(lm_head, group) -> Optional[str]:
     return None
 
 
+def _local_blocker(processor, lm_head, group, max_rows: int) -> tuple[Optional[str], str]:
+    """(why this rank must keep the gather or None, the all-reduce route) before the ranks agree."""
+    enabled, why = DRAFT_ARGMAX_EXCHANGE.state()
+    reason = None if enabled else why
+    reason = reason or _processor_blocker(processor) or _lm_head_blocker(lm_head, group)
+    if reason is not None:
+        return reason, None
+    route = None
+    for rows in sorted({1, max(1, int(max_rows))}):
+        probe = torch.empty(
+            exchange_shape(rows, lm_head.num_embeddings_per_partition, group.world_size),
+            dtype=torch.float32,
+            device=lm_head.weight.device,
+        )
+        route, nccl = all_reduce_route(group, probe)
+        if nccl:
+            return (
+                f"the exchange's all-reduce ({rows} rows) would run on NCCL ({route}) inside "
+                "the CUDA-graph capture"
+            ), route
+    return None, route
+
+
 def enable_draft_argmax_exchange(self, lm_head, *, max_rows: int = DEFAULT_MAX_ROWS) -> bool:
     """Opt this (draft model's) ``LogitsProcessor`` in to the greedy-draft argmax exchange.
 
@@ -132,29 +155,16 @@ def enable_draft_argmax_exchange(self, lm_head, *, max_rows: int = DEFAULT_MAX_R
     the gather, and the reason is logged once. Collective: call it on every rank of the TP group, which
     settles on one answer for all ranks.
     """
-    reason, route = None, None
     try:
-        enabled, why = DRAFT_ARGMAX_EXCHANGE.state()
-        reason = None if enabled else why
         group = get_tp_group()
-        reason = reason or _processor_blocker(self) or _lm_head_blocker(lm_head, group)
-        if reason is None:
-            for rows in sorted({1, max(1, int(max_rows))}):
-                probe = torch.empty(
-                    exchange_shape(rows, lm_head.num_embeddings_per_partition, group.world_size),
-                    dtype=torch.float32,
-                    device=lm_head.weight.device,
-                )
-                route, nccl = all_reduce_route(group, probe)
-                if nccl:
-                    reason = (
-                        f"the exchange's all-reduce ({rows} rows) would run on NCCL ({route}) "
-                        "inside the CUDA-graph capture"
-                    )
-                    break
-        reason = agree_across_group(group, reason)
-    except Exception as exc:  # never take the server down: the gather stays
-        reason = f"the opt-in check raised {type(exc).__name__}: {exc}"
+    except Exception as exc:  # no TP group to exchange over, nor to agree with
+        group, reason, route = None, f"no TP group ({type(exc).__name__}: {exc})", None
+    else:
+        try:
+            reason, route = _local_blocker(self, lm_head, group, max_rows)
+        except Exception as exc:  # never take the server down: the gather stays
+            reason, route = f"the opt-in check raised {type(exc).__name__}: {exc}", None
+        reason = agree_across_group(group, reason)  # every rank gets here, whatever happened
     if reason is not None:
         self.__dict__.pop(STATE, None)
         log_once(

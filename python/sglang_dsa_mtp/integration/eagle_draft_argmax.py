@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from sglang.srt.distributed import get_tp_group
 from sglang.srt.environ import envs
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
@@ -41,6 +42,7 @@ from sglang.srt.utils import is_cuda, is_hip
 
 from sglang_dsa_mtp.integration.draft_argmax_exchange import DEFAULT_MAX_ROWS, exchange_of
 from sglang_dsa_mtp.integration.log import log_once
+from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_finalize
 from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
 
@@ -92,25 +94,32 @@ def _max_rows(worker) -> int:
 
 
 def opt_in_draft_model(worker, *args, **kwargs):
-    """BEFORE ``EagleDraftWorker._capture_cuda_graphs``: opt the draft model's processor in."""
+    """BEFORE ``EagleDraftWorker._capture_cuda_graphs``: opt the draft model's processor in.
+
+    Every rank of the draft's TP group runs this before capturing; the ranks first agree on the
+    worker's conditions, then the processor's opt-in agrees on its own."""
     try:
         reason = why_not_exchange(worker)
+    except Exception as exc:  # never take the server down: the gather stays
+        reason = f"the opt-in raised {type(exc).__name__}: {exc}"
+    engaged = False
+    try:
+        reason = agree_across_group(get_tp_group(), reason)
         if reason is None:
             model = worker.draft_runner.model
             engaged = model.logits_processor.enable_draft_argmax_exchange(
                 model.lm_head, max_rows=_max_rows(worker)
             )
-            worker.__dict__[ENGAGED] = engaged
-            return None
-    except Exception as exc:  # never take the server down: the gather stays
+    except Exception as exc:
         reason = f"the opt-in raised {type(exc).__name__}: {exc}"
-    worker.__dict__[ENGAGED] = False
-    log_once(
-        logging.INFO,
-        ("argmax-exchange-worker-off", reason),
-        "sglang_dsa_mtp: greedy draft keeps the logits gather: %s",
-        reason,
-    )
+    worker.__dict__[ENGAGED] = engaged
+    if reason is not None:
+        log_once(
+            logging.INFO,
+            ("argmax-exchange-worker-off", reason),
+            "sglang_dsa_mtp: greedy draft keeps the logits gather: %s",
+            reason,
+        )
     return None
 
 

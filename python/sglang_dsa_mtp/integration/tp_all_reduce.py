@@ -78,12 +78,18 @@ def all_reduce_route(group, probe: torch.Tensor) -> tuple[str, bool]:
 
 
 def agree_across_group(group, reason: Optional[str]) -> Optional[str]:
-    """``reason`` on every rank if any rank has one (None only when all ranks have none)."""
+    """``reason`` on every rank if any rank has one (None only when all ranks have none).
+
+    A collective on the group's CPU (gloo) group: every rank must call it. Should the collective
+    itself fail, this rank keeps the gather, saying why."""
     cpu_group = getattr(group, "cpu_group", None)
     if group.world_size == 1 or cpu_group is None:
         return reason
     blocked = torch.tensor([0 if reason is None else 1], dtype=torch.int32)
-    dist.all_reduce(blocked, op=dist.ReduceOp.MAX, group=cpu_group)
+    try:
+        dist.all_reduce(blocked, op=dist.ReduceOp.MAX, group=cpu_group)
+    except Exception as exc:
+        return reason or f"the TP ranks could not agree ({type(exc).__name__}: {exc})"
     if reason is None and int(blocked.item()):
         return "another TP rank keeps the gather (its reason is in its log)"
     return reason

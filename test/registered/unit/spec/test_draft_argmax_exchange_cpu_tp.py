@@ -39,6 +39,7 @@ def test_logits_processor_exchange_on_and_off_pick_the_same_tokens_in_a_cpu_tp_g
         assert report["shard_width"] == 512, where  # vocab 1001 padded to 1024, two shards
         assert report["route"] == "CPU shared memory or torch.distributed", where
         assert report["agreed"] is not None, f"{where}: rank 1's objection reached every rank"
+        assert report["engaged_when_rank_1_fails"] is False, where
         # 2 dtypes x 2 logit scales x (decode rows 1..5 + draft extend)
         assert report["checked"] == 2 * 2 * 6, where
         assert [(a["dtype"], a["sum_ok"]) for a in report["all_reduce"]] == [

@@ -37,7 +37,7 @@ from sglang.srt.distributed import get_tp_group
 from sglang.srt.environ import envs
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
-from sglang.srt.runtime_context import get_spec
+from sglang.srt.runtime_context import get_flags, get_spec
 from sglang.srt.utils import is_cuda, is_hip
 
 from sglang_dsa_mtp.integration.draft_argmax_exchange import DEFAULT_MAX_ROWS, exchange_of
@@ -74,6 +74,8 @@ def why_not_exchange(worker) -> Optional[str]:
         return "a hot-token map (--speculative-token-map) reindexes the draft vocab"
     if get_spec().speculative_use_rejection_sampling:
         return "rejection sampling (--speculative-use-rejection-sampling) samples the draft logits"
+    if get_flags().capture.enable_torch_compile:
+        return "torch.compile (--enable-torch-compile) traces the draft forward and its hooks"
     for name in ("SGLANG_ENABLE_ASYNC_ASSERT", "SGLANG_ENABLE_NAN_LOGITS_CHECK"):
         if getattr(envs, name).get():
             return f"{name} is on: its probes read the draft logits"

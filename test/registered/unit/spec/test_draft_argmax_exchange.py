@@ -311,6 +311,14 @@ def test_a_greedy_cuda_draft_worker_opts_its_draft_model_in_and_not_the_target(d
             ),
             "rejection sampling",
         ),
+        (
+            lambda w, mp, plat: mp.setattr(
+                worker_site,
+                "get_flags",
+                lambda: SimpleNamespace(capture=SimpleNamespace(enable_torch_compile=True)),
+            ),
+            "torch.compile",
+        ),
         (lambda w, mp, plat: plat(cuda=False, hip=False), "not a CUDA platform"),
         (lambda w, mp, plat: plat(cuda=False, hip=True), "not a CUDA platform"),
         (
@@ -321,7 +329,16 @@ def test_a_greedy_cuda_draft_worker_opts_its_draft_model_in_and_not_the_target(d
         ),
         (lambda w, mp, plat: mp.setenv(DRAFT_ARGMAX_EXCHANGE.env, "false"), "=false"),
     ],
-    ids=["topk2", "hot-tokens", "rejection-sampling", "cpu", "hip", "no-processor", "switch-off"],
+    ids=[
+        "topk2",
+        "hot-tokens",
+        "rejection-sampling",
+        "torch-compile",
+        "cpu",
+        "hip",
+        "no-processor",
+        "switch-off",
+    ],
 )
 def test_a_draft_worker_that_cannot_use_partials_keeps_the_gather(
     setup, expected, draft_worker, hooked, set_platform, caplog

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import statistics
+import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Optional
@@ -30,6 +31,24 @@ def launch_floor_us(calls: int = 20, replays: int = 30) -> float:
     """Microseconds per launch of a one-element kernel, replayed from a CUDA graph (hot L2)."""
     one = torch.zeros(1, device="cuda")
     return cuda_graph_time_us(lambda: one.add_(1), calls=calls, replays=replays)
+
+
+def host_times_us(fns: dict, *, calls: int = 200, repeats: int = 21) -> dict:
+    """Host microseconds per call of each of ``fns``: ``calls`` back-to-back calls timed on the host
+    clock (the GPU work is queued, not waited for), median of ``repeats`` rounds; each round times
+    every function in turn, so that CPU clock drift reaches all alike, and drains the queue."""
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - start) * 1e6 / calls)
+            torch.cuda.synchronize()
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def copy_bandwidth_bytes_per_us() -> float:

@@ -13,6 +13,8 @@ SGLang 0.5.23 does (its decode kernel into a ``torch.empty`` scratch, then full-
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Optional
 
 import torch
@@ -151,13 +153,17 @@ class MetadataCase:
             )
         return kw
 
-    def run(self, arm: str, out: dict, budget: Optional[int] = None) -> dict:
+    def call(self, arm: str, out: dict, budget: Optional[int] = None) -> Callable[[], None]:
+        """``arm``'s kernel wrapper bound to this case's arguments and ``out``, ready to call."""
         kw = self.kwargs(out)
         if arm == "bounded":
             kw["budget"] = budget
         elif arm == "sglang_kpool":
             kw["index_kpool"] = 1
-        kernel_for(self.op, arm)(**kw)
+        return functools.partial(kernel_for(self.op, arm), **kw)
+
+    def run(self, arm: str, out: dict, budget: Optional[int] = None) -> dict:
+        self.call(arm, out, budget)()
         return out
 
 

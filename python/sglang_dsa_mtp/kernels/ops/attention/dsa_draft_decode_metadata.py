@@ -34,6 +34,7 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import (
     bounded_num_splits,
     default_budget,
 )
+from sglang_dsa_mtp.kernels.ops.host import next_power_of_2
 
 MAX_DESTINATIONS = 4  # draft step backends one launch serves (EAGLE speculative_num_steps <= 5)
 
@@ -278,7 +279,7 @@ def fused_dsa_draft_decode_metadata_multi(
         has_pt1,
         has_real,
         len(destinations),
-        BLOCK_BS=triton.next_power_of_2(bs),
+        BLOCK_BS=next_power_of_2(bs),
         BLOCK_N=bounded.BLOCK_N,
         TILE_N=bounded.TILE_N,
         NUM_STAGES=bounded.NUM_STAGES,

@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_dsa_mtp.kernels.ops.host import cdiv, next_power_of_2
+
 BLOCK_N = 128  # SGLang's column block: the write region is whole blocks of this many columns
 TILE_N = 256  # columns one program moves per loop iteration (a multiple of BLOCK_N)
 MAX_SPLITS_PER_REQUEST = 256
@@ -55,7 +57,7 @@ def _multiprocessor_count(index: int) -> int:
 
 def bounded_num_splits(requests: int, width: int, budget: int) -> int:
     """Programs per request: depends only on (requests, width, budget), never on live lengths."""
-    num_tiles = triton.cdiv(width, TILE_N)
+    num_tiles = cdiv(width, TILE_N)
     return max(1, min(budget // requests, MAX_SPLITS_PER_REQUEST, num_tiles))
 
 
@@ -453,7 +455,7 @@ def fused_dsa_decode_metadata_bounded(
         physical_page_size,
         has_pt1,
         has_real,
-        BLOCK_BS=triton.next_power_of_2(bs),
+        BLOCK_BS=next_power_of_2(bs),
         BLOCK_N=BLOCK_N,
         TILE_N=TILE_N,
         NUM_STAGES=NUM_STAGES,
@@ -665,8 +667,8 @@ def fused_dsa_target_verify_metadata_bounded(
         has_pt1,
         has_real,
         has_ctx_lens,
-        BLOCK_BS=triton.next_power_of_2(bs),
-        BLOCK_EXPANDED=triton.next_power_of_2(rows),
+        BLOCK_BS=next_power_of_2(bs),
+        BLOCK_EXPANDED=next_power_of_2(rows),
         BLOCK_N=BLOCK_N,
         TILE_N=TILE_N,
         NUM_STAGES=NUM_STAGES,
@@ -903,9 +905,9 @@ def fused_dsa_draft_extend_metadata_bounded(
         has_pt1,
         has_real,
         bool(static_extend_len),
-        BLOCK_BS=triton.next_power_of_2(bs),
-        BLOCK_EXPANDED=triton.next_power_of_2(max_total_len),
-        BLOCK_ROWS=triton.next_power_of_2(max_extend_len),
+        BLOCK_BS=next_power_of_2(bs),
+        BLOCK_EXPANDED=next_power_of_2(max_total_len),
+        BLOCK_ROWS=next_power_of_2(max_extend_len),
         BLOCK_N=BLOCK_N,
         TILE_N=TILE_N,
         NUM_STAGES=NUM_STAGES,
@@ -987,7 +989,7 @@ def _page_tables(page_table_1, real_page_table, rows, width, page_size, device):
         if real_page_table is None:
             raise ValueError("real_page_table is required when physical_page_size > 1")
         _check_int32("real_page_table", real_page_table, device, ndim=2)
-        real_width = triton.cdiv(width, page_size)
+        real_width = cdiv(width, page_size)
         if real_page_table.shape[0] < rows or real_page_table.shape[1] < real_width:
             raise ValueError(
                 f"real_page_table must be at least ({rows}, cdiv(width, physical_page_size)="

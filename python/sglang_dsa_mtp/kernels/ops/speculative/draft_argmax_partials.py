@@ -56,6 +56,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_dsa_mtp.kernels.ops.host import cdiv, next_power_of_2
+
 SPLIT_N = 2048  # shard columns one partials program reduces (one load per program)
 PARTIALS_NUM_WARPS = 4
 FINALIZE_NUM_WARPS = 1  # one warp per row
@@ -72,7 +74,7 @@ def splits_per_rank(shard_width: int) -> int:
     """Candidates each rank contributes per row: ``cdiv(shard_width, SPLIT_N)``."""
     if not isinstance(shard_width, int) or isinstance(shard_width, bool) or shard_width < 1:
         raise ValueError(f"shard_width must be an int >= 1, got {shard_width!r}")
-    return triton.cdiv(shard_width, SPLIT_N)
+    return cdiv(shard_width, SPLIT_N)
 
 
 def exchange_shape(rows: int, shard_width: int, tp_size: int) -> tuple[int, int]:
@@ -273,7 +275,7 @@ def draft_argmax_partials(
         valid_width,
         NEG_1E30_BITS=_NEG_1E30_BITS,
         BLOCK_N=SPLIT_N,
-        BLOCK_TP=triton.next_power_of_2(tp_size),
+        BLOCK_TP=next_power_of_2(tp_size),
         LANES=LANES,
         num_warps=PARTIALS_NUM_WARPS,
     )
@@ -370,7 +372,7 @@ def draft_argmax_finalize(
         PROPAGATE_NAN=nan_policy == "propagate",
         HAS_POSITIONS=has_positions,
         WRITE_DRAFT_TOKEN=write_draft_token,
-        BLOCK_SLOTS=triton.next_power_of_2(num_slots),
+        BLOCK_SLOTS=next_power_of_2(num_slots),
         num_warps=FINALIZE_NUM_WARPS,
     )
     return topk_p, topk_index

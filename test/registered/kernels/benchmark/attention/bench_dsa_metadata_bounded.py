@@ -10,6 +10,8 @@ the floor = the launch gap of a one-element kernel in a graph + the bytes the op
 device-to-device copy bandwidth.
 
     python test/registered/kernels/benchmark/attention/bench_dsa_metadata_bounded.py
+    # host microseconds per call instead (wrapper + launch, 200 queued calls, arms in turn, median of 21):
+    python .../bench_dsa_metadata_bounded.py --host --live 1024 --bs 16
     # tuning sweep of our kernel's tunables:
     python .../bench_dsa_metadata_bounded.py --arms bounded --tune TILE_N=256,512 --tune budget=528,1056
 """
@@ -25,6 +27,7 @@ import triton
 from sglang_dsa_mtp.benchmarking import (
     add_timing_arguments,
     copy_bandwidth_bytes_per_us,
+    host_times_us,
     launch_floor_us,
     markdown_header,
     markdown_row,
@@ -70,11 +73,16 @@ def main(argv=None) -> int:
     parser.add_argument("--live", default="1024,65536", help="live KV lengths")
     parser.add_argument("--bs", default="1,4,16")
     parser.add_argument("--arms", default="sglang,sglang_kpool,bounded")
+    parser.add_argument(
+        "--host", action="store_true", help="host us per call (wrapper + launch), not GPU time"
+    )
     add_timing_arguments(parser)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_dsa_metadata_bounded needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.host and args.tune:
+        parser.error("--host times the wrappers with our default tunables; drop --tune")
 
     ops, lives, batch_sizes = args.ops.split(","), parse_list(args.live), parse_list(args.bs)
     arms = args.arms.split(",")
@@ -85,7 +93,8 @@ def main(argv=None) -> int:
     print(
         f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
         f"triton {triton.__version__}; width {WIDTH}, page {PAGE}, next_n {NEXT_N}, "
-        f"{'hot' if args.hot_l2 else 'cold'} L2; default budget "
+        f"{'host time per call' if args.host else ('hot' if args.hot_l2 else 'cold') + ' L2'}; "
+        "default budget "
         f"{bounded.default_budget(torch.device('cuda'))}"
     )
     print(
@@ -98,7 +107,8 @@ def main(argv=None) -> int:
     columns = [a for a in arms if a != "bounded"]
     if "bounded" in arms:
         columns += [variant_name(v) for v in variants]
-    header = ["op", "live KV", "bs", *columns, "floor", "best ours / floor"]
+    tail = ["ours - sglang"] if args.host else ["floor", "best ours / floor"]
+    header = ["op", "live KV", "bs", *columns, *tail]
     print(markdown_header(header))
     records = []
     for op in ops:
@@ -115,7 +125,12 @@ def main(argv=None) -> int:
                 )
                 out = case.outputs()
                 row = {}
-                for arm in arms:
+                if args.host:  # every arm's wrapper, arguments bound beforehand, timed in turn
+                    calls = {a: case.call(a, out) for a in arms}
+                    row = host_times_us(
+                        {a if a != "bounded" else "ours": f for a, f in calls.items()}
+                    )
+                for arm in [] if args.host else arms:
                     if arm != "bounded":
                         row[arm] = time_arm(case, arm, out, args)
                         continue
@@ -123,9 +138,13 @@ def main(argv=None) -> int:
                         row[variant_name(variant)] = time_arm(case, arm, out, args, variant)
                 floor = launch + bytes_moved(case) / bandwidth
                 ours = [v for k, v in row.items() if k.startswith("ours")]
-                ratio = f"{min(ours) / floor:.2f}" if ours else "-"
                 cells = [OP_NAMES[op], f"{live // 1024}k", str(bs)]
-                cells += [f"{row[c]:.1f}" for c in columns] + [f"{floor:.1f}", ratio]
+                cells += [f"{row[c]:.1f}" for c in columns]
+                if args.host:
+                    over = min(ours) - row["sglang"] if ours and "sglang" in row else None
+                    cells += [f"{over:+.1f}" if over is not None else "-"]
+                else:
+                    cells += [f"{floor:.1f}", f"{min(ours) / floor:.2f}" if ours else "-"]
                 print(markdown_row(cells), flush=True)
                 records.append(dict(op=op, live=live, bs=bs, floor_us=floor, **row))
     if args.json:

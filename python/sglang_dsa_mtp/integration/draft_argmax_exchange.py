@@ -17,7 +17,7 @@ class-level default of None, added by the plugin) to the all-reduced exchange bu
 ``next_token_logits`` holds no logits in that case: it is a zero-stride ``[rows, vocab_size]`` view
 of the exchange buffer, which carries the shape SGLang's draft worker reads
 (``draft_forward`` passes ``next_token_logits.shape[-1]`` to its bounds probe) and keeps the buffer
-reachable through row slices (:func:`exchange_of`). Its values are not logits; SGLang's own
+reachable through row slices (:func:`exchange_of`, by the storage they share). Its values are not logits; SGLang's own
 ``draft_topk1_postprocess`` refuses it (it requires unit column stride), and the plugin's consumers
 (``eagle_draft_argmax``) read the exchange instead.
 """
@@ -25,6 +25,7 @@ reachable through row slices (:func:`exchange_of`). Its values are not logits; S
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -45,8 +46,12 @@ from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
 
 NO_PARTIALS = None  # LogitsProcessorOutput.next_token_argmax_partials everywhere else
 STATE = "_sglang_dsa_mtp_argmax_exchange"  # the engaged processor's _Exchange
-_EXCHANGE_MARK = "_sglang_dsa_mtp_exchange_buffer"  # set on every exchange buffer we hand out
 DEFAULT_MAX_ROWS = 256
+
+# Every live exchange buffer we handed out behind a stand-in, by the address of its storage. Weak:
+# an entry goes with its buffer, which its stand-in keeps alive. (A view's ``_base`` would not do:
+# inference mode, which SGLang's scheduler may run under, records no base for views.)
+_EXCHANGES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
@@ -58,20 +63,25 @@ class _Exchange:
 
 
 def stand_in_logits(exchange: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """A zero-stride ``[rows, vocab_size]`` view of ``exchange`` (no logits, no memory)."""
-    setattr(exchange, _EXCHANGE_MARK, True)
-    return exchange[:, :1].expand(exchange.shape[0], vocab_size)
+    """A zero-stride ``[rows, vocab_size]`` view of ``exchange`` (no logits, no memory).
+
+    ``exchange`` must be contiguous and start its storage (a fresh buffer)."""
+    _EXCHANGES[exchange.untyped_storage().data_ptr()] = exchange
+    stand_in = exchange[:, :1].expand(exchange.shape[0], vocab_size)
+    stand_in._sglang_dsa_mtp_exchange = exchange  # keeps the registry entry alive with the view
+    return stand_in
 
 
 def exchange_of(logits: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """The exchange buffer rows behind a :func:`stand_in_logits` view (or a row slice of one), else
     None: real logits, None, anything else."""
-    if logits is None:
+    if logits is None or logits.dim() != 2 or logits.stride(1) != 0:
         return None
-    base = logits._base
-    if base is None or not getattr(base, _EXCHANGE_MARK, False):
+    exchange = _EXCHANGES.get(logits.untyped_storage().data_ptr())
+    if exchange is None:
         return None
-    return base[: logits.shape[0]]
+    start = logits.storage_offset() // exchange.stride(0)
+    return exchange[start : start + logits.shape[0]]
 
 
 def exchange_state(processor) -> Optional[_Exchange]:
@@ -175,6 +185,7 @@ def enable_draft_argmax_exchange(self, lm_head, *, max_rows: int = DEFAULT_MAX_R
         )
         return False
     self.__dict__[STATE] = _Exchange(lm_head, group.rank_in_group, group.world_size, route)
+    _prebuild_gatherer(self, lm_head)
     log_once(
         logging.INFO,
         ("argmax-exchange-on", route),
@@ -182,6 +193,33 @@ def enable_draft_argmax_exchange(self, lm_head, *, max_rows: int = DEFAULT_MAX_R
         route,
     )
     return True
+
+
+def _prebuild_gatherer(processor, lm_head) -> None:
+    """Run the processor's logits gather once now, on every rank (all ranks engaged together).
+
+    SGLang's ``MultimemAllGatherer`` builds its symmetric-memory buffer (max tokens x vocab) on its
+    first eager call; without the exchange that is a draft-decode capture warm-up at start-up. With
+    the exchange, draft decode no longer gathers, and the first gather would be the first draft
+    prefill while serving: an unplanned collective allocation there. A failure here is logged and
+    leaves the gather to build lazily, as before."""
+    fp32 = processor.use_fp32_lm_head or processor.use_fp32_lm_head_output
+    dtype = torch.float32 if fp32 else lm_head.weight.dtype
+    try:
+        processor._logits_gatherer(
+            torch.zeros(
+                (1, lm_head.num_embeddings_per_partition), dtype=dtype, device=lm_head.weight.device
+            )
+        )
+    except Exception as exc:
+        log_once(
+            logging.WARNING,
+            ("argmax-exchange-prebuild", type(exc).__name__),
+            "sglang_dsa_mtp: building the draft logits gather ahead failed (%s: %s); it builds "
+            "on its first call instead",
+            type(exc).__name__,
+            exc,
+        )
 
 
 def _exchange_applies(state, lm_head, logits_metadata, embedding_bias) -> bool:
@@ -210,8 +248,8 @@ def exchange_instead_of_gather(
         logits, tp_rank=state.tp_rank, tp_size=state.tp_size, vocab_size=self.vocab_size
     )
     exchange = get_tp_group().all_reduce(exchange)
-    if exchange._base is not None:  # an all-reduce that returned a view: own the rows
-        exchange = exchange.clone()
+    if exchange.storage_offset() != 0 or not exchange.is_contiguous():
+        exchange = exchange.clone()  # an all-reduce that returned a view: own the rows
     return stand_in_logits(exchange, self.vocab_size)
 
 

@@ -3,8 +3,10 @@
 Four hooks (the processor side is ``draft_argmax_exchange``):
 
 - BEFORE ``EagleDraftWorker._capture_cuda_graphs`` (inside the draft's TP context, before any
-  capture): when the worker drafts greedily through the topk=1 paths, opt its draft model's
-  ``LogitsProcessor`` in (``enable_draft_argmax_exchange``). The target model never opts in.
+  capture): when the worker drafts greedily through the topk=1 paths with a draft model of
+  ``DRAFT_MODELS``, opt its ``LogitsProcessor`` in (``enable_draft_argmax_exchange``). The target
+  model never opts in; nor do other draft models (a standalone draft, which subclasses this worker,
+  may post-process its logits in its forward).
 - AROUND ``draft_topk1_postprocess`` (the draft-decode pick, called inside the draft-decode graph):
   on an exchange stand-in, ``draft_argmax_finalize`` with SGLang's ``sanitize`` rule (NaN counts as
   -1e30), writing the same ``topk_p``, ``topk_index``, draft-token column and positions.
@@ -15,8 +17,9 @@ Four hooks (the processor side is ``draft_argmax_exchange``):
   uses on the gathered logits. ``next_token_logits`` becomes a meta tensor of the same shape, so that
   SGLang's ``torch.argmax`` on it, whose result is replaced, costs no GPU work.
 - AROUND ``EagleDraftWorker._draft_extend_for_decode``: asks for that pick and stores it in the next
-  draft input (``topk_p``, ``topk_index``) in place of SGLang's. The eager draft extend (a batch the
-  graph cannot run) gathers the logits as before and keeps SGLang's pick.
+  draft input (``topk_p``, ``topk_index``) in place of SGLang's, whenever the replay produced
+  partials. The eager draft extend (a batch the graph cannot run) gathers the logits as before and
+  keeps SGLang's pick.
 
 The pick after the draft-extend replay is one launch on the replay's exchange rows; SGLang's path
 launches an argmax over ``rows x vocab`` fp32 logits and a fill there. Picking inside the graph
@@ -40,13 +43,22 @@ from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
 from sglang.srt.runtime_context import get_flags, get_spec
 from sglang.srt.utils import is_cuda, is_hip
 
-from sglang_dsa_mtp.integration.draft_argmax_exchange import DEFAULT_MAX_ROWS, exchange_of
+from sglang_dsa_mtp.integration.draft_argmax_exchange import (
+    DEFAULT_MAX_ROWS,
+    exchange_of,
+    exchange_state,
+)
 from sglang_dsa_mtp.integration.log import log_once
 from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_finalize
 from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
 
-ENGAGED = "_sglang_dsa_mtp_argmax_exchange"  # on the worker: its draft processor opted in
+# Draft models whose forward returns the LogitsProcessor's output untouched (checked in 0.5.23).
+DRAFT_MODELS = (
+    "sglang.srt.models.deepseek_nextn.DeepseekV3ForCausalLMNextN",
+    "sglang.srt.models.glm4_moe.GlmMoeDsaForCausalLMNextN",
+    "sglang.srt.models.glm5_next_nextn.Glm5NextForConditionalGenerationNextN",
+)
 
 
 @dataclass
@@ -55,7 +67,7 @@ class _Pick:
     topk_index: Optional[torch.Tensor] = None
 
 
-# Set while _draft_extend_for_decode runs for an engaged worker: where the replay leaves its pick.
+# Set while _draft_extend_for_decode runs: where the replay leaves its pick, if it has partials.
 _PENDING_PICK: contextvars.ContextVar[Optional[_Pick]] = contextvars.ContextVar(
     "sglang_dsa_mtp_draft_extend_pick", default=None
 )
@@ -80,6 +92,12 @@ def why_not_exchange(worker) -> Optional[str]:
         if getattr(envs, name).get():
             return f"{name} is on: its probes read the draft logits"
     model = worker.draft_runner.model
+    name = f"{type(model).__module__}.{type(model).__qualname__}"
+    if name not in DRAFT_MODELS:
+        return (
+            f"the draft model {type(model).__name__} is not one whose forward hands the "
+            "processor's output on untouched (DeepSeek-V3/V3.2 and GLM-5 NextN MTP heads)"
+        )
     if not isinstance(getattr(model, "logits_processor", None), LogitsProcessor):
         return f"the draft model {type(model).__name__} has no LogitsProcessor `logits_processor`"
     if getattr(model, "lm_head", None) is None:
@@ -99,22 +117,28 @@ def opt_in_draft_model(worker, *args, **kwargs):
     """BEFORE ``EagleDraftWorker._capture_cuda_graphs``: opt the draft model's processor in.
 
     Every rank of the draft's TP group runs this before capturing; the ranks first agree on the
-    worker's conditions, then the processor's opt-in agrees on its own."""
+    worker's conditions, then the processor's opt-in agrees on its own. SGLang captures again for
+    each adaptive-speculation state: a processor that is already engaged stays engaged (graphs
+    captured with the exchange are still replayed)."""
+    try:
+        processor = worker.draft_runner.model.logits_processor
+        if exchange_state(processor) is not None:
+            return None
+    except Exception:
+        pass
     try:
         reason = why_not_exchange(worker)
     except Exception as exc:  # never take the server down: the gather stays
         reason = f"the opt-in raised {type(exc).__name__}: {exc}"
-    engaged = False
     try:
         reason = agree_across_group(get_tp_group(), reason)
         if reason is None:
             model = worker.draft_runner.model
-            engaged = model.logits_processor.enable_draft_argmax_exchange(
+            model.logits_processor.enable_draft_argmax_exchange(
                 model.lm_head, max_rows=_max_rows(worker)
             )
     except Exception as exc:
         reason = f"the opt-in raised {type(exc).__name__}: {exc}"
-    worker.__dict__[ENGAGED] = engaged
     if reason is not None:
         log_once(
             logging.INFO,
@@ -153,8 +177,6 @@ def draft_extend_replay_pick(original, runner, *args, **kwargs):
 def draft_extend_for_decode(original, worker, batch, batch_result, *args, **kwargs):
     """AROUND ``EagleDraftWorker._draft_extend_for_decode``: the next draft input gets the tokens
     picked from the partials when the draft-extend replay produced them."""
-    if not worker.__dict__.get(ENGAGED, False):
-        return original(worker, batch, batch_result, *args, **kwargs)
     pick = _Pick()
     token = _PENDING_PICK.set(pick)
     try:

@@ -32,7 +32,7 @@ class EmulatedPeerGroup:
         self.rank_in_group, self.world_size = rank, world
         self.full_weight, self.shard_width = full_weight, shard_width
         self.vocab_size = full_weight.shape[0]
-        self.hidden: Optional[torch.Tensor] = None
+        self.hidden = torch.zeros(1, full_weight.shape[1])
         self.logit_scale: Optional[float] = None
         self.cpu_group = None
         self.ca_comm = self.pynccl_comm = self.pymscclpp_comm = None

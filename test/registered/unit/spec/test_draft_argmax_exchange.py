@@ -20,6 +20,8 @@ import torch
 from sglang.kernels.ops.speculative.topk1 import draft_topk1_postprocess
 from sglang.srt.environ import envs
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.models.deepseek_nextn import DeepseekV3ForCausalLMNextN
+from sglang.srt.models.glm4_moe import GlmMoeDsaForCausalLMNextN
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
 from sglang_dsa_mtp.integration import draft_argmax_exchange as exchange_site
@@ -270,7 +272,7 @@ def draft_worker(hooked, draft_head):
         worker.topk = 1
         worker.hot_token_id = None
         worker.draft_runner = SimpleNamespace(
-            model=SimpleNamespace(logits_processor=head.processor, lm_head=head.lm_head)
+            model=draft_model(DeepseekV3ForCausalLMNextN, head.processor, head.lm_head)
         )
         worker.target_worker = SimpleNamespace(
             model_runner=SimpleNamespace(
@@ -284,11 +286,20 @@ def draft_worker(hooked, draft_head):
     return build
 
 
-def run_capture_hook(worker):
-    """What SGLang runs before capturing the draft graphs: the plugin's BEFORE hook, then the method
-    (here with nothing to capture)."""
+def draft_model(cls, processor, lm_head):
+    """A real draft model class instance holding only its processor and head (no weights loaded)."""
+    model = object.__new__(cls)
+    torch.nn.Module.__init__(model)
+    model.logits_processor, model.lm_head = processor, lm_head
+    return model
+
+
+def run_capture_hook(worker) -> bool:
+    """What SGLang runs before capturing the draft graphs: the plugin's BEFORE hook (here with
+    nothing to capture after it); whether the draft model's processor is engaged."""
     worker_site.opt_in_draft_model(worker)
-    return worker.__dict__.get(worker_site.ENGAGED)
+    processor = getattr(worker.draft_runner.model, "logits_processor", None)
+    return processor is not None and engaged(processor)
 
 
 def test_a_greedy_cuda_draft_worker_opts_its_draft_model_in_and_not_the_target(draft_worker):
@@ -323,6 +334,17 @@ def test_a_greedy_cuda_draft_worker_opts_its_draft_model_in_and_not_the_target(d
         (lambda w, mp, plat: plat(cuda=False, hip=True), "not a CUDA platform"),
         (
             lambda w, mp, plat: mp.setattr(
+                w.draft_runner,
+                "model",
+                SimpleNamespace(
+                    logits_processor=w.draft_runner.model.logits_processor,
+                    lm_head=w.draft_runner.model.lm_head,
+                ),
+            ),
+            "is not one whose forward hands the processor's output on untouched",
+        ),
+        (
+            lambda w, mp, plat: mp.setattr(
                 w.draft_runner.model, "logits_processor", None, raising=False
             ),
             "has no LogitsProcessor",
@@ -336,6 +358,7 @@ def test_a_greedy_cuda_draft_worker_opts_its_draft_model_in_and_not_the_target(d
         "torch-compile",
         "cpu",
         "hip",
+        "other-draft-model",
         "no-processor",
         "switch-off",
     ],
@@ -421,7 +444,7 @@ def test_draft_extend_replay_picks_from_partials_for_an_engaged_worker(draft_wor
     )
 
 
-def test_draft_extend_of_a_worker_that_did_not_opt_in_is_untouched(draft_worker):
+def test_a_draft_extend_without_partials_keeps_sglangs_pick(draft_worker):
     worker, head, _ = draft_worker(topk=2)
     assert run_capture_hook(worker) is False
     sentinel = SimpleNamespace(topk_p="p", topk_index="i")
@@ -457,3 +480,60 @@ def test_sglang_postprocess_refuses_a_stand_in_instead_of_reading_it(hooked):
 def test_logits_processor_class_gets_only_the_documented_additions(hooked):
     assert callable(LogitsProcessor.enable_draft_argmax_exchange)
     assert LogitsProcessorOutput.next_token_argmax_partials is None
+
+
+def test_glm5_nextn_drafts_opt_in_too(draft_worker):
+    worker, head, _ = draft_worker()
+    worker.draft_runner.model = draft_model(GlmMoeDsaForCausalLMNextN, head.processor, head.lm_head)
+    assert run_capture_hook(worker) is True
+
+
+def test_an_engaged_processor_stays_engaged_when_sglang_captures_again(draft_worker, hooked):
+    worker, head, _ = draft_worker()
+    assert run_capture_hook(worker) is True
+    hooked.setattr(exchange_site, "all_reduce_route", lambda group, probe: ("pynccl", True))
+    assert run_capture_hook(worker) is True, "graphs captured with the exchange are still replayed"
+
+
+def test_engaging_runs_the_logits_gather_once_so_its_buffer_is_built_at_start_up(
+    hooked, draft_head
+):
+    head = draft_head()
+    calls = []
+    head.processor._logits_gatherer = lambda x: calls.append((tuple(x.shape), x.dtype)) or x
+    assert head.processor.enable_draft_argmax_exchange(head.lm_head)
+    assert calls == [((1, head.lm_head.num_embeddings_per_partition), torch.bfloat16)]
+
+    kept = draft_head(final_logit_softcapping=30.0)
+    calls.clear()
+    kept.processor._logits_gatherer = lambda x: calls.append(x) or x
+    assert not kept.processor.enable_draft_argmax_exchange(kept.lm_head)
+    assert calls == [], "a processor that keeps the gather builds it lazily, as SGLang does"
+
+
+def test_the_exchange_and_its_pick_work_under_inference_mode(hooked, draft_head):
+    """SGLang's scheduler may run under torch.inference_mode (SGLANG_ENABLE_TORCH_INFERENCE_MODE),
+    where views record no base: the stand-in must still lead to its exchange."""
+    head = draft_head()
+    states = hidden()
+    assert head.processor.enable_draft_argmax_exchange(head.lm_head)
+    with torch.inference_mode():
+        on = head.forward(states)
+        assert on.next_token_argmax_partials is not None
+        positions = torch.zeros(ROWS, dtype=torch.int64)
+        _, ours = worker_site.draft_decode_pick(
+            draft_topk1_postprocess, on.next_token_logits, positions
+        )
+    gathered = head.gathered_logits(states)
+    _, sglang = inspect.unwrap(draft_topk1_postprocess)(
+        gathered, torch.zeros(ROWS, dtype=torch.int64)
+    )
+    assert torch.equal(ours, sglang)
+
+
+def test_a_row_slice_of_a_stand_in_leads_to_the_same_rows_of_the_exchange(hooked):
+    exchange = torch.arange(6 * 8, dtype=torch.float32).view(6, 8)
+    stand_in = exchange_site.stand_in_logits(exchange, 100)
+    assert torch.equal(exchange_site.exchange_of(stand_in[2:5]), exchange[2:5])
+    assert exchange_site.exchange_of(torch.zeros(6, 100)) is None
+    assert exchange_site.exchange_of(torch.zeros(1, 1).expand(6, 100)) is None

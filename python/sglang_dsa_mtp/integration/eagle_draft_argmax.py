@@ -40,6 +40,7 @@ from sglang.srt.distributed import get_tp_group
 from sglang.srt.environ import envs
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
+from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.srt.runtime_context import get_flags, get_spec
 from sglang.srt.utils import is_cuda, is_hip
 
@@ -78,6 +79,9 @@ def why_not_exchange(worker) -> Optional[str]:
     enabled, why = DRAFT_ARGMAX_EXCHANGE.state()
     if not enabled:
         return why
+    unapplied = _unapplied_hooks()
+    if unapplied:
+        return f"SGLang did not apply the plugin's hooks on {', '.join(unapplied)}"
     if is_hip() or not is_cuda():
         return "not a CUDA platform (the topk=1 draft paths differ there)"
     if worker.topk != 1:
@@ -103,6 +107,19 @@ def why_not_exchange(worker) -> Optional[str]:
     if getattr(model, "lm_head", None) is None:
         return f"the draft model {type(model).__name__} has no `lm_head`"
     return None
+
+
+def _unapplied_hooks() -> list[str]:
+    """The feature's hook targets SGLang's ``HookRegistry`` has not patched (it logs and skips a
+    target that fails): partials must never reach a consumer that was left unhooked."""
+    from sglang_dsa_mtp.plugin import HOOKS
+
+    patched = getattr(HookRegistry, "_patched", set())
+    return [
+        row.target
+        for row in HOOKS
+        if row.switch is DRAFT_ARGMAX_EXCHANGE and row.target not in patched
+    ]
 
 
 def _max_rows(worker) -> int:

@@ -537,3 +537,14 @@ def test_a_row_slice_of_a_stand_in_leads_to_the_same_rows_of_the_exchange(hooked
     assert torch.equal(exchange_site.exchange_of(stand_in[2:5]), exchange[2:5])
     assert exchange_site.exchange_of(torch.zeros(6, 100)) is None
     assert exchange_site.exchange_of(torch.zeros(1, 1).expand(6, 100)) is None
+
+
+def test_a_hook_sglang_failed_to_apply_keeps_the_gather(draft_worker, hooked, caplog):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    worker, head, _ = draft_worker()
+    target = "sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess"
+    hooked.setattr(HookRegistry, "_patched", HookRegistry._patched - {target})
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert run_capture_hook(worker) is False
+    assert any(f"did not apply the plugin's hooks on {target}" in m for m in log_lines(caplog))

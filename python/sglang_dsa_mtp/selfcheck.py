@@ -82,16 +82,18 @@ def _median_replay_us(body: Callable[[], object], replays: int) -> float:
     with torch.cuda.graph(graph):
         body()
     graph.replay()
-    times = []
-    for _ in range(replays):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
+    return statistics.median(replay_us(graph) for _ in range(replays))
+
+
+def replay_us(graph: torch.cuda.CUDAGraph) -> float:
+    """Microseconds of one replay of ``graph``, between two CUDA events on the current stream."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0
 
 
 def _bounded_replay_metadata(device: torch.device) -> CheckResult:

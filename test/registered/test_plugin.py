@@ -136,38 +136,31 @@ def test_the_shipped_attributes_are_an_opt_in_method_and_a_none_field_default(fr
     assert LogitsProcessorOutput(next_token_logits=None).next_token_argmax_partials is None
 
 
-def test_attribute_rows_are_added_with_their_feature(fresh_plugin):
-    row = PluginAttribute(BOUNDED_REPLAY_METADATA, NEW_ATTRIBUTE, f"{__name__}:ATTRIBUTE_VALUE")
+def use_one_hook_and_one_attribute(monkeypatch, target=NEW_ATTRIBUTE):
     use_hooks(
-        fresh_plugin,
+        monkeypatch,
         PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK),
-        attributes=(row,),
+        attributes=(
+            PluginAttribute(BOUNDED_REPLAY_METADATA, target, f"{__name__}:ATTRIBUTE_VALUE"),
+        ),
     )
+
+
+def test_attribute_rows_are_added_with_their_feature(fresh_plugin):
+    use_one_hook_and_one_attribute(fresh_plugin)
     plugin.register()
     assert EnvBool.sglang_dsa_mtp_test_attribute == ATTRIBUTE_VALUE
 
 
 def test_attribute_rows_of_a_switched_off_feature_are_not_added(fresh_plugin):
     fresh_plugin.setenv(BOUNDED_REPLAY_METADATA.env, "0")
-    row = PluginAttribute(BOUNDED_REPLAY_METADATA, NEW_ATTRIBUTE, f"{__name__}:ATTRIBUTE_VALUE")
-    use_hooks(
-        fresh_plugin,
-        PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK),
-        attributes=(row,),
-    )
+    use_one_hook_and_one_attribute(fresh_plugin)
     plugin.register()
     assert not hasattr(EnvBool, "sglang_dsa_mtp_test_attribute")
 
 
 def test_an_attribute_sglang_already_defines_disables_its_feature(fresh_plugin, caplog):
-    row = PluginAttribute(
-        BOUNDED_REPLAY_METADATA, "sglang.srt.environ.EnvBool.parse", f"{__name__}:ATTRIBUTE_VALUE"
-    )
-    use_hooks(
-        fresh_plugin,
-        PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK),
-        attributes=(row,),
-    )
+    use_one_hook_and_one_attribute(fresh_plugin, target="sglang.srt.environ.EnvBool.parse")
     with caplog.at_level(logging.WARNING, logger="sglang_dsa_mtp"):
         plugin.register()
     assert registered() == {}

@@ -55,6 +55,7 @@ from sglang_dsa_mtp import draft_argmax_cases as cases
 from sglang_dsa_mtp.benchmarking import markdown_header, markdown_row, parse_list
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
 from sglang_dsa_mtp.reference import topk1_module
+from sglang_dsa_mtp.selfcheck import replay_us
 
 COMMS = ("nccl", "symm_mem")
 SLEEP_CYCLES = 2_000_000  # ~1 ms at 2 GHz: both hosts enqueue the timed replay meanwhile
@@ -113,13 +114,7 @@ def interleaved_times_us(graphs: dict, calls: int, replays: int) -> dict:
         for name, graph in graphs.items():
             torch.cuda._sleep(SLEEP_CYCLES)
             dist.all_reduce(meet)
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end) * 1000.0)
+            times[name].append(replay_us(graph))
     return {name: statistics.median(t) / calls for name, t in times.items()}
 
 

@@ -29,6 +29,7 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
 from sglang_dsa_mtp.reference import topk1_module
+from sglang_dsa_mtp.selfcheck import capture_graph
 
 VOCAB = 154880  # GLM-5 / the spec's draft-step table
 HIDDEN = 6144
@@ -623,16 +624,8 @@ def _graph_replays(buffer, all_reduce, rank, world, vocab, rows, step, names, re
         propagate = dap.draft_argmax_finalize(reduced, nan_policy="propagate")
         return logits, reduced, sanitize, propagate
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            body()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        logits, reduced, (topk_p, topk_index), (prop_p, prop_index) = body()
+    graph, captured = capture_graph(body, warmups=2, capture_error_mode="thread_local")
+    logits, reduced, (topk_p, topk_index), (prop_p, prop_index) = captured
 
     problems, seen = [], set()
     for replay in range(replays):

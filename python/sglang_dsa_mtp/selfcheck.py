@@ -72,17 +72,30 @@ def cuda_graph_time_us(
 
 
 def _median_replay_us(body: Callable[[], object], replays: int) -> float:
-    # Run once outside the capture (Triton compiles there), on a side stream as capture requires.
+    graph, _ = capture_graph(body)
+    graph.replay()
+    return statistics.median(replay_us(graph) for _ in range(replays))
+
+
+def capture_graph(
+    body: Callable[[], object], *, warmups: int = 1, capture_error_mode: str = "global"
+) -> tuple[torch.cuda.CUDAGraph, object]:
+    """A CUDA graph of one call of ``body``, and what that captured call returned.
+
+    ``body`` first runs ``warmups`` times eagerly on a side stream (Triton compiles there, cuBLAS
+    and communicators warm up; capture wants work off the default stream), then is captured.
+    ``capture_error_mode`` is ``torch.cuda.graph``'s."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        body()
+        for _ in range(warmups):
+            body()
     torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    graph.replay()
-    return statistics.median(replay_us(graph) for _ in range(replays))
+    with torch.cuda.graph(graph, capture_error_mode=capture_error_mode):
+        result = body()
+    return graph, result
 
 
 def replay_us(graph: torch.cuda.CUDAGraph) -> float:

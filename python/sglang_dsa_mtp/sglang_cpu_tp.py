@@ -154,6 +154,27 @@ def logits_forward(
     return processor.forward(input_ids, hidden_states, lm_head, metadata)
 
 
+def shard_logits(
+    hidden_states: torch.Tensor,
+    full_weight: torch.Tensor,
+    rank: int,
+    shard_width: int,
+    *,
+    logit_scale: Optional[float] = None,
+) -> torch.Tensor:
+    """Rank ``rank``'s LM-head logits as SGLang computes them: ``hidden`` times the rank's
+    ``[shard_width, hidden]`` slice of ``full_weight`` zero-padded past the vocab, in the weight's
+    dtype, times ``logit_scale`` in that dtype."""
+    vocab_size, hidden = full_weight.shape
+    shard = torch.zeros(shard_width, hidden, dtype=full_weight.dtype)
+    rows = full_weight[rank * shard_width : (rank + 1) * shard_width]
+    shard[: rows.shape[0]] = rows
+    logits = torch.matmul(hidden_states.to(full_weight.dtype), shard.T)
+    if logit_scale is not None:
+        logits.mul_(logit_scale)
+    return logits
+
+
 def reference_logits(
     hidden_states: torch.Tensor,
     full_weight: torch.Tensor,
@@ -162,19 +183,13 @@ def reference_logits(
     *,
     logit_scale: Optional[float] = None,
 ) -> torch.Tensor:
-    """fp32 ``[rows, vocab_size]``: ``hidden @ full_weight.T`` computed as SGLang's gathered path
-    does, one zero-padded ``[shard_width, hidden]`` shard per rank in the weight's dtype, times
-    ``logit_scale`` in that dtype, concatenated, sliced to the vocab, then fp32 (no softcap)."""
-    vocab_size, hidden = full_weight.shape
-    padded = torch.zeros(world * shard_width, hidden, dtype=full_weight.dtype)
-    padded[:vocab_size] = full_weight
-    parts = []
-    for shard in padded.split(shard_width):
-        logits = torch.matmul(hidden_states.to(full_weight.dtype), shard.contiguous().T)
-        if logit_scale is not None:
-            logits.mul_(logit_scale)
-        parts.append(logits)
-    return torch.cat(parts, dim=-1)[:, :vocab_size].float()
+    """fp32 ``[rows, vocab_size]``: SGLang's gathered logits, every rank's :func:`shard_logits`
+    concatenated, sliced to the vocab, then fp32 (no softcap)."""
+    parts = [
+        shard_logits(hidden_states, full_weight, rank, shard_width, logit_scale=logit_scale)
+        for rank in range(world)
+    ]
+    return torch.cat(parts, dim=-1)[:, : full_weight.shape[0]].float()
 
 
 def _bits_differ(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:

@@ -137,12 +137,10 @@ def opt_in_draft_model(worker, *args, **kwargs):
     worker's conditions, then the processor's opt-in agrees on its own. SGLang captures again for
     each adaptive-speculation state: a processor that is already engaged stays engaged (graphs
     captured with the exchange are still replayed)."""
-    try:
-        processor = worker.draft_runner.model.logits_processor
-        if exchange_state(processor) is not None:
-            return None
-    except Exception:
-        pass
+    model = getattr(getattr(worker, "draft_runner", None), "model", None)
+    processor = getattr(model, "logits_processor", None)
+    if isinstance(processor, LogitsProcessor) and exchange_state(processor) is not None:
+        return None
     try:
         reason = why_not_exchange(worker)
     except Exception as exc:  # never take the server down: the gather stays

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_partials
+from sglang_dsa_mtp.sglang_cpu_tp import reference_logits, shard_logits
 
 HIDDEN = 64
 
@@ -39,21 +40,15 @@ class EmulatedPeerGroup:
         self.qr_comm = self.torch_symm_mem_comm = self.pcie_ipc_comm = None
         self.calls: list[str] = []
 
-    def shard_logits(self, rank: int, dtype: torch.dtype) -> torch.Tensor:
-        padded = torch.zeros(
-            self.world_size * self.shard_width, self.full_weight.shape[1], dtype=dtype
+    def shard_logits(self, rank: int) -> torch.Tensor:
+        return shard_logits(
+            self.hidden, self.full_weight, rank, self.shard_width, logit_scale=self.logit_scale
         )
-        padded[: self.vocab_size] = self.full_weight.to(dtype)
-        weight = padded[rank * self.shard_width : (rank + 1) * self.shard_width]
-        logits = torch.matmul(self.hidden.to(dtype), weight.T)
-        if self.logit_scale is not None:
-            logits.mul_(self.logit_scale)
-        return logits
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         self.calls.append("all_gather")
         parts = [
-            tensor if r == self.rank_in_group else self.shard_logits(r, tensor.dtype)
+            tensor if r == self.rank_in_group else self.shard_logits(r)
             for r in range(self.world_size)
         ]
         return torch.cat(parts, dim=dim)
@@ -63,7 +58,7 @@ class EmulatedPeerGroup:
         total = tensor.clone()
         for r in range(self.world_size):
             if r != self.rank_in_group:
-                peer = self.shard_logits(r, self.dtype)
+                peer = self.shard_logits(r)
                 total += draft_argmax_partials(
                     peer, tp_rank=r, tp_size=self.world_size, vocab_size=self.vocab_size
                 )
@@ -106,10 +101,14 @@ class DraftHead:
 
     def gathered_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """SGLang's gathered fp32 logits for ``hidden``, every rank's shard concatenated and sliced."""
-        self.group.hidden = hidden
-        dtype = self.lm_head.weight.dtype
-        shards = [self.group.shard_logits(r, dtype) for r in range(self.group.world_size)]
-        return torch.cat(shards, dim=-1)[:, : self.vocab_size].float()
+        group = self.group
+        return reference_logits(
+            hidden,
+            group.full_weight,
+            group.world_size,
+            group.shard_width,
+            logit_scale=group.logit_scale,
+        )
 
 
 @pytest.fixture
@@ -174,7 +173,7 @@ def draft_head():
         group = EmulatedPeerGroup(
             placeholder.rank_in_group, tp_size, full_weight, lm_head.num_embeddings_per_partition
         )
-        group.logit_scale, group.dtype = logit_scale, dtype
+        group.logit_scale = logit_scale
         attn_group = group if attn_dp_size == 1 else attn_placeholder
         stack.enter_context(get_parallel().override(tp_group=group, attn_tp_group=attn_group))
         width = lm_head.num_embeddings_per_partition

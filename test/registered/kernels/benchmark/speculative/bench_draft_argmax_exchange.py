@@ -40,7 +40,6 @@ the spread of two more medians (the all-reduce alone is the noisiest arm). Befor
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -52,10 +51,10 @@ import torch.distributed as dist
 import triton
 
 from sglang_dsa_mtp import draft_argmax_cases as cases
-from sglang_dsa_mtp.benchmarking import markdown_header, markdown_row, parse_list
+from sglang_dsa_mtp.benchmarking import markdown_header, markdown_row, parse_list, tunables
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
 from sglang_dsa_mtp.reference import topk1_module
-from sglang_dsa_mtp.selfcheck import replay_us
+from sglang_dsa_mtp.selfcheck import capture_graph, replay_us
 
 COMMS = ("nccl", "symm_mem")
 SLEEP_CYCLES = 2_000_000  # ~1 ms at 2 GHz: both hosts enqueue the timed replay meanwhile
@@ -86,19 +85,11 @@ def parse_args(argv=None):
     return args
 
 
-def capture_graph(body, calls: int) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of ``calls`` calls of ``body``, after one eager warm-up call (Triton compiles,
-    cuBLAS and the communicators warm up) and one untimed replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        for _ in range(calls):
-            body()
+def capture_calls(body, calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` calls of ``body`` (warmed up eagerly first), replayed once untimed."""
+    graph, _ = capture_graph(
+        lambda: [body() for _ in range(calls)], capture_error_mode="thread_local"
+    )
     graph.replay()
     torch.cuda.synchronize()
     return graph
@@ -218,46 +209,32 @@ def bench_rank(rank: int, world: int, args) -> dict:
     for rows in args.rows:
         step = Step(args, rank, world, weight, rows, comms)
         graphs = {
-            "gemm": capture_graph(step.gemm, args.calls),
-            "gather": capture_graph(step.gather, args.calls),
-            "gather fp32": capture_graph(lambda: step.gather(fp32=True), args.calls),
+            "gemm": capture_calls(step.gemm, args.calls),
+            "gather": capture_calls(step.gather, args.calls),
+            "gather fp32": capture_calls(lambda: step.gather(fp32=True), args.calls),
         }
         for i, split_n in enumerate(args.split_n):
-            with patched(dap, SPLIT_N=split_n):
+            with tunables(dap, {"SPLIT_N": split_n}):
                 suffix = "" if i == 0 else f" split={split_n}"
                 for comm in comms:
                     label = "" if comm == "nccl" else " symm"
                     check_tokens(step, comm)
-                    graphs[f"all-reduce{label}{suffix}"] = capture_graph(
+                    graphs[f"all-reduce{label}{suffix}"] = capture_calls(
                         lambda c=comm: step.all_reduce(c), args.calls
                     )
-                    graphs[f"GEMM + all-reduce{label}{suffix}"] = capture_graph(
+                    graphs[f"GEMM + all-reduce{label}{suffix}"] = capture_calls(
                         lambda c=comm: step.gemm_and_all_reduce(c), args.calls
                     )
-                    graphs[f"exchange{label}{suffix}"] = capture_graph(
+                    graphs[f"exchange{label}{suffix}"] = capture_calls(
                         lambda c=comm: step.exchange(c), args.calls
                     )
-                graphs[f"partials + finalize{suffix}"] = capture_graph(
+                graphs[f"partials + finalize{suffix}"] = capture_calls(
                     step.kernels_body(), args.calls
                 )
         row = interleaved_times_us(graphs, args.calls, args.replays)
         results[rows] = {name: max_over_ranks(value) for name, value in row.items()}
         del graphs
     return {"shard_width": width, "results": results, "unavailable": unavailable}
-
-
-@contextlib.contextmanager
-def patched(module, **values):
-    """``module``'s attributes set to ``values`` inside the block (a graph captured there keeps the
-    kernels it launched)."""
-    saved = {name: getattr(module, name) for name in values}
-    for name, value in values.items():
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
 
 
 def print_tables(args, world, report) -> None:

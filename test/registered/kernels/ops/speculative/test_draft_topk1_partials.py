@@ -23,6 +23,7 @@ import torch
 from sglang_dsa_mtp import draft_argmax_cases as cases
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
 from sglang_dsa_mtp.reference import topk1_module
+from sglang_dsa_mtp.selfcheck import capture_graph
 
 CPU = torch.device("cpu")
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float32, id="fp32")]
@@ -417,14 +418,7 @@ def test_emulated_exchange_in_a_cuda_graph(tp_size):
     static_logits.copy_(
         cases.make_logits(rows, tp_size, width, cases.VOCAB, dtype=torch.bfloat16, generator=gen)[0]
     )
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        (topk_p, topk_index), (prop_p, prop_index) = body()
+    graph, ((topk_p, topk_index), (prop_p, prop_index)) = capture_graph(body)
     seen = set()
     for replay in range(3):
         logits, names = cases.make_logits(

@@ -1,4 +1,4 @@
-"""The two kill switches, parsed with SGLang's ``EnvBool`` rules but strict on bad values.
+"""The kill switches, parsed with SGLang's ``EnvBool`` rules but strict on bad values.
 
 SGLang's ``EnvField.get()`` falls back to the default on an unparsable value; for a default-on switch
 that would keep a feature on that the user meant to turn off (``=off``). Here an unparsable value is
@@ -70,4 +70,9 @@ DRAFT_ARGMAX_EXCHANGE = KillSwitch(
     env="SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE",
     description="greedy EAGLE drafts exchange vocab-shard argmax partials instead of gathering logits",
 )
-SWITCHES = (BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE)
+LIVE_WIDTH = KillSwitch(
+    feature="live_width",
+    env="SGLANG_DSA_LIVE_WIDTH",
+    description="DSA per-round buffers and copies sized by the live KV length, not --context-length",
+)
+SWITCHES = (BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE, LIVE_WIDTH)

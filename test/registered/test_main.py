@@ -11,8 +11,9 @@ pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependen
 from sglang_dsa_mtp import selfcheck
 from sglang_dsa_mtp.__main__ import main
 from sglang_dsa_mtp.devices import cuda_blocker
-from sglang_dsa_mtp.selfcheck import CheckResult, SelfCheck
+from sglang_dsa_mtp.selfcheck import SelfCheck
 from sglang_dsa_mtp.switches import SWITCHES
+from sglang_dsa_mtp.test.check import CheckResult
 
 
 def run_main(**env):

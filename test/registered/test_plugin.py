@@ -18,7 +18,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_dsa_mtp import plugin
 from sglang_dsa_mtp.plugin import ENTRY_POINT, FeatureStatus, PluginAttribute, PluginHook
-from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE
+from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE, SWITCHES
 
 TARGET = "sglang.srt.environ.EnvBool.parse"
 HOOK = f"{__name__}:record_parse"
@@ -175,8 +175,7 @@ def test_a_feature_without_hook_rows_is_off_as_not_yet_implemented(fresh_plugin)
     use_hooks(fresh_plugin)
     plugin.register()
     assert plugin.feature_status() == {
-        BOUNDED_REPLAY_METADATA.feature: (False, "not yet implemented in this version"),
-        DRAFT_ARGMAX_EXCHANGE.feature: (False, "not yet implemented in this version"),
+        switch.feature: (False, "not yet implemented in this version") for switch in SWITCHES
     }
 
 
@@ -299,8 +298,7 @@ def test_register_never_raises_into_sglang(fresh_plugin, caplog):
         plugin.register()
     assert any("boom" in r.exc_text for r in caplog.records if r.exc_text)
     assert plugin.feature_status() == {
-        BOUNDED_REPLAY_METADATA.feature: FeatureStatus(False, "registration failed"),
-        DRAFT_ARGMAX_EXCHANGE.feature: FeatureStatus(False, "registration failed"),
+        switch.feature: FeatureStatus(False, "registration failed") for switch in SWITCHES
     }
 
 

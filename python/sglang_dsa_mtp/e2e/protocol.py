@@ -40,7 +40,7 @@ def check_arm(arm: str) -> str:
 
 
 def arm_env(arm: str, base: Mapping[str, str]) -> dict[str, str]:
-    """``base`` with the kill switches for ``arm``: both "0" for stock, both unset for plugin."""
+    """``base`` with the kill switches for ``arm``: every one "0" for stock, every one unset for plugin."""
     check_arm(arm)
     env = dict(base)
     for switch in SWITCHES:

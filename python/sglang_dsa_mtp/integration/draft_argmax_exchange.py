@@ -5,7 +5,7 @@ SGLang 0.5.23's ``LogitsProcessor._get_logits`` computes this rank's LM-head sha
 argmax. A draft worker opts its processor in with ``enable_draft_argmax_exchange(lm_head)`` (added to
 the class by the plugin); from then on, for the calls that only feed that argmax, the AROUND hook on
 ``_get_logits`` reduces the shard to argmax partials (``draft_argmax_partials``) and sums them over
-the TP group with SGLang's own all-reduce (``get_tp_group().all_reduce``), instead of the gather:
+the TP group with SGLang's own all-reduce (``get_parallel().tp_group.all_reduce``), instead of the gather:
 
 - draft decode (``ForwardMode.DECODE``) and the graph draft extend (``DRAFT_EXTEND_V2`` with
   ``draft_extend_select_index``, one row per request); nothing else: the prefill draft extend
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from sglang.srt.distributed import get_tp_group
 from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+from sglang.srt.runtime_context import get_parallel
 
 from sglang_dsa_mtp.integration.log import log_once
 from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group, all_reduce_route
@@ -166,7 +166,7 @@ def enable_draft_argmax_exchange(self, lm_head, *, max_rows: int = DEFAULT_MAX_R
     settles on one answer for all ranks.
     """
     try:
-        group = get_tp_group()
+        group = get_parallel().tp_group
     except Exception as exc:  # no TP group to exchange over, nor to agree with
         group, reason, route = None, f"no TP group ({type(exc).__name__}: {exc})", None
     else:
@@ -247,7 +247,7 @@ def exchange_instead_of_gather(
     exchange = draft_argmax_partials(
         logits, tp_rank=state.tp_rank, tp_size=state.tp_size, vocab_size=self.vocab_size
     )
-    exchange = get_tp_group().all_reduce(exchange)
+    exchange = get_parallel().tp_group.all_reduce(exchange)
     if exchange.storage_offset() != 0 or not exchange.is_contiguous():
         exchange = exchange.clone()  # an all-reduce that returned a view: own the rows
     return stand_in_logits(exchange, self.vocab_size)

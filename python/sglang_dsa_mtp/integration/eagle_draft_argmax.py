@@ -36,12 +36,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from sglang.srt.distributed import get_tp_group
 from sglang.srt.environ import envs
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
 from sglang.srt.plugins.hook_registry import HookRegistry
-from sglang.srt.runtime_context import get_flags, get_spec
+from sglang.srt.runtime_context import get_flags, get_parallel, get_spec
 from sglang.srt.utils import is_cuda, is_hip
 
 from sglang_dsa_mtp.integration.draft_argmax_exchange import (
@@ -146,7 +145,7 @@ def opt_in_draft_model(worker, *args, **kwargs):
     except Exception as exc:  # never take the server down: the gather stays
         reason = f"the opt-in raised {type(exc).__name__}: {exc}"
     try:
-        reason = agree_across_group(get_tp_group(), reason)
+        reason = agree_across_group(get_parallel().tp_group, reason)
         if reason is None:
             model = worker.draft_runner.model
             model.logits_processor.enable_draft_argmax_exchange(

@@ -19,7 +19,11 @@ from sglang_dsa_mtp.e2e.protocol import (  # noqa: E402
     split_server_args,
 )
 
-SWITCH_ENVS = ("SGLANG_DSA_BOUNDED_REPLAY_METADATA", "SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE")
+SWITCH_ENVS = (
+    "SGLANG_DSA_BOUNDED_REPLAY_METADATA",
+    "SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE",
+    "SGLANG_DSA_LIVE_WIDTH",
+)
 # The spec's model flags, which the presets leave to the command line.
 SPEC_MODEL_ARGS = [
     "--model-path", "nvidia/GLM-5.2-NVFP4", "--trust-remote-code",
@@ -27,13 +31,13 @@ SPEC_MODEL_ARGS = [
 ]  # fmt: skip
 
 
-def test_stock_arm_turns_both_switches_off_whatever_the_environment_says():
+def test_stock_arm_turns_every_switch_off_whatever_the_environment_says():
     env = arm_env("stock", {"PATH": "/bin", SWITCH_ENVS[0]: "1"})
-    assert env == {"PATH": "/bin", SWITCH_ENVS[0]: "0", SWITCH_ENVS[1]: "0"}
+    assert env == {"PATH": "/bin", **{name: "0" for name in SWITCH_ENVS}}
 
 
-def test_plugin_arm_leaves_both_switches_at_their_default():
-    env = arm_env("plugin", {"PATH": "/bin", SWITCH_ENVS[0]: "0", SWITCH_ENVS[1]: "0"})
+def test_plugin_arm_leaves_every_switch_at_its_default():
+    env = arm_env("plugin", {"PATH": "/bin", **{name: "0" for name in SWITCH_ENVS}})
     assert env == {"PATH": "/bin"}
 
 

@@ -32,7 +32,7 @@ def _free_port() -> int:
 
 @pytest.mark.parametrize(
     "arm, switches",
-    [("stock", ["0", "0"]), ("plugin", [None, None])],
+    [("stock", ["0", "0", "0"]), ("plugin", [None, None, None])],
 )
 def test_launch_waits_for_health_runs_with_the_arm_switches_and_stops_the_server(
     tmp_path, arm, switches
@@ -113,7 +113,7 @@ def test_serve_each_instance_launches_the_interleaved_order_with_each_arms_switc
     assert ran == list(INSTANCE_ORDER)
     expected = []
     for instance in INSTANCE_ORDER:
-        switches = ["0", "0"] if instance.arm == "stock" else [None, None]
+        switches = [("0" if instance.arm == "stock" else None) for _ in SWITCHES]
         name = f"{instance.tag}.server.log"
         expected += [("up", name, switches, "http://127.0.0.1:30000", 12.0), ("down", name)]
     assert events == expected

@@ -23,8 +23,8 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_dsa_mtp import plugin
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
-from sglang_dsa_mtp.reference_cases import POISON, make_case
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
+from sglang_dsa_mtp.test.metadata_cases import POISON, make_case
 
 WIDTH, PAGE, TOPK, MAX_BS = 300, 64, 200, 4
 

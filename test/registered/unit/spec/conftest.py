@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_partials
-from sglang_dsa_mtp.sglang_cpu_tp import reference_logits, shard_logits
+from sglang_dsa_mtp.test.cpu_tp import reference_logits, shard_logits
 
 HIDDEN = 64
 

@@ -153,10 +153,12 @@ def test_an_opt_in_check_that_raises_keeps_the_gather(hooked, draft_head, caplog
 def test_without_a_tp_group_the_opt_in_keeps_the_gather(hooked, draft_head, caplog):
     head = draft_head()
 
-    def no_group():
-        raise RuntimeError("parallel name 'tp_group' has not been written")
+    class NoGroup:
+        @property
+        def tp_group(self):
+            raise RuntimeError("parallel name 'tp_group' has not been written")
 
-    hooked.setattr(exchange_site, "get_tp_group", no_group)
+    hooked.setattr(exchange_site, "get_parallel", NoGroup)
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         assert head.processor.enable_draft_argmax_exchange(head.lm_head) is False
     assert any("no TP group" in line for line in log_lines(caplog))

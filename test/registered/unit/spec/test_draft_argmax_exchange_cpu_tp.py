@@ -16,8 +16,8 @@ import torch
 
 pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
 
-from sglang_dsa_mtp.draft_argmax_cases import read_reports, run_group
-from sglang_dsa_mtp.sglang_cpu_tp import exchange_on_off_worker
+from sglang_dsa_mtp.test.cpu_tp import exchange_on_off_worker
+from sglang_dsa_mtp.test.process_group import read_reports, run_group
 
 WORLD = 2
 

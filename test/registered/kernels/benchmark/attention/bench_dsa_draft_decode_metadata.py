@@ -4,7 +4,7 @@ Reproduces the spec's table "MTP draft-decode metadata" on the GPU at hand: 3 dr
 (EAGLE 4/1/5) and 4 (EAGLE 5/1/6), live KV 1k and 64k, bs 1 / 4 / 16, every request at the same live
 length, table width 1,048,640, physical page 64, index top-k 2048, every step backend with
 ``page_table_1`` and ``real_page_table`` (as under speculative decoding). Each figure is microseconds
-per call, CUDA-graph replays with a cold L2 (``selfcheck.cuda_graph_time_us``: 20 calls per graph,
+per call, CUDA-graph replays with a cold L2 (``test.timing.cuda_graph_time_us``: 20 calls per graph,
 median of 30 replays, a 256 MiB memset before each call, the memsets' own graph subtracted).
 
 Arms:
@@ -51,10 +51,9 @@ import traceback
 import torch
 import triton
 
-from sglang_dsa_mtp.benchmarking import (
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
+from sglang_dsa_mtp.test.bench_cli import (
     add_timing_arguments,
-    copy_bandwidth_bytes_per_us,
-    launch_floor_us,
     markdown_header,
     markdown_row,
     parse_list,
@@ -63,14 +62,17 @@ from sglang_dsa_mtp.benchmarking import (
     variant_name,
     write_json,
 )
-from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.reference_cases import (
+from sglang_dsa_mtp.test.metadata_cases import (
     WIDTH_1M,
     make_case,
     run_draft_decode_multi,
     run_stock_draft_decode,
 )
-from sglang_dsa_mtp.selfcheck import cuda_graph_time_us
+from sglang_dsa_mtp.test.timing import (
+    copy_bandwidth_bytes_per_us,
+    cuda_graph_time_us,
+    launch_floor_us,
+)
 
 WIDTH = WIDTH_1M  # cdiv(WIDTH, 128) = 8193 column blocks
 PAGE = 64

@@ -3,7 +3,7 @@
 Reproduces the spec's table "Replay metadata, 1M-token table, 5 verify rows per request" on the GPU
 at hand: ops decode / target verify / draft extend, live KV 1k and 64k, bs 1 / 4 / 16, every request
 at the same live length, physical page 64, index top-k 2048. Each figure is microseconds per call,
-CUDA-graph replays with a cold L2 (``selfcheck.cuda_graph_time_us``: 20 calls per graph, median of 30
+CUDA-graph replays with a cold L2 (``test.timing.cuda_graph_time_us``: 20 calls per graph, median of 30
 replays, a 256 MiB memset before each call, the memsets' own graph subtracted). Beside each point:
 the floor = the launch gap of a one-element kernel in a graph + the bytes the op must move (live
 ``req_to_token`` columns read once per request, live page-table columns written) / the measured
@@ -24,11 +24,9 @@ import sys
 import torch
 import triton
 
-from sglang_dsa_mtp.benchmarking import (
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
+from sglang_dsa_mtp.test.bench_cli import (
     add_timing_arguments,
-    copy_bandwidth_bytes_per_us,
-    host_times_us,
-    launch_floor_us,
     markdown_header,
     markdown_row,
     parse_list,
@@ -37,9 +35,13 @@ from sglang_dsa_mtp.benchmarking import (
     variant_name,
     write_json,
 )
-from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.reference_cases import make_case
-from sglang_dsa_mtp.selfcheck import cuda_graph_time_us
+from sglang_dsa_mtp.test.metadata_cases import make_case
+from sglang_dsa_mtp.test.timing import (
+    copy_bandwidth_bytes_per_us,
+    cuda_graph_time_us,
+    host_times_us,
+    launch_floor_us,
+)
 
 WIDTH = 1_048_640  # cdiv(WIDTH, 128) = 8193 column blocks
 PAGE = 64

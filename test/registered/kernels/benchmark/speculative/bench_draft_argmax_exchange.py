@@ -50,11 +50,13 @@ import torch
 import torch.distributed as dist
 import triton
 
-from sglang_dsa_mtp import draft_argmax_cases as cases
-from sglang_dsa_mtp.benchmarking import markdown_header, markdown_row, parse_list, tunables
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
-from sglang_dsa_mtp.reference import topk1_module
-from sglang_dsa_mtp.selfcheck import capture_graph, replay_us
+from sglang_dsa_mtp.test import argmax_cases as cases
+from sglang_dsa_mtp.test import gpu_tp
+from sglang_dsa_mtp.test.bench_cli import markdown_header, markdown_row, parse_list, tunables
+from sglang_dsa_mtp.test.process_group import run_group
+from sglang_dsa_mtp.test.reference import topk1_module
+from sglang_dsa_mtp.test.timing import capture_graph, replay_us
 
 COMMS = ("nccl", "symm_mem")
 SLEEP_CYCLES = 2_000_000  # ~1 ms at 2 GHz: both hosts enqueue the timed replay meanwhile
@@ -135,7 +137,7 @@ class Step:
         logits = self.gemm()
         if fp32:
             logits = logits.float()
-        gathered = cases.all_gather_last_dim(logits)[:, : self.vocab]
+        gathered = gpu_tp.all_gather_last_dim(logits)[:, : self.vocab]
         if not fp32:
             gathered = gathered.float()  # SGLang's cast into its fp32 logits buffer
         return self.postprocess(gathered, self.positions, self.draft_tokens, 1)
@@ -202,8 +204,8 @@ def bench_rank(rank: int, world: int, args) -> dict:
     comms, unavailable = {}, {}
     for comm in args.comm:
         try:
-            comms[comm] = cases.make_all_reduce(comm, most, torch.device("cuda", rank))
-        except cases.ArmUnavailable as exc:
+            comms[comm] = gpu_tp.make_all_reduce(comm, most, torch.device("cuda", rank))
+        except gpu_tp.ArmUnavailable as exc:
             unavailable[comm] = str(exc)
     results = {}
     for rows in args.rows:
@@ -307,7 +309,7 @@ def run(rank: int, world: int, args) -> None:
 
 
 def spawned(rank: int, world: int, init_method: str, args) -> None:
-    cases.init_tp_group(rank, world, init_method)
+    gpu_tp.init_tp_group(rank, world, init_method)
     run(rank, world, args)
 
 
@@ -330,7 +332,7 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    cases.run_group(spawned, world, args, timeout_s=3600)
+    run_group(spawned, world, args, timeout_s=3600)
     return 0
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.reference_cases import WIDTH_1M
+from sglang_dsa_mtp.test.metadata_cases import WIDTH_1M
 
 
 @pytest.fixture(params=[128, 1024], ids=["tile128", "tile1024"])

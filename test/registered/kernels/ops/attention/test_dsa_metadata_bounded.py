@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.reference_cases import (
+from sglang_dsa_mtp.test.metadata_cases import (
     POISON,
     SMALL_TOPK,
     SMALL_WIDTH,

@@ -6,7 +6,7 @@ and SGLang 0.5.23's files (for ``draft_topk1_postprocess``, loaded by file path)
 ``LogitsProcessor`` forward with the exchange on and off cannot run there (SGLang's dependencies are
 not installed on the GPU machine); that part is tested in a CPU process group where SGLang imports.
 
-Each rank (``draft_argmax_cases.exchange_tp_worker``): a real bf16 LM-head GEMM of shared random hidden
+Each rank (``sglang_dsa_mtp.test.gpu_tp.exchange_tp_worker``): a real bf16 LM-head GEMM of shared random hidden
 states (hidden 6144) against its own weight shard, for vocab 154880, 129281 and 1001 (SGLang's padded
 shards; the padded columns hold +inf / NaN / 1e30 and the rows carry the hard patterns), rows 1..16:
 
@@ -26,7 +26,8 @@ NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 on the GPU machine are
 import pytest
 import torch
 
-from sglang_dsa_mtp import draft_argmax_cases as cases
+from sglang_dsa_mtp.test.gpu_tp import exchange_tp_worker
+from sglang_dsa_mtp.test.process_group import read_reports, run_group
 
 pytestmark = pytest.mark.gpu
 
@@ -41,8 +42,8 @@ def tp_size() -> int:
 @pytest.mark.parametrize("comm", ["nccl", "symm_mem"])
 def test_exchange_in_a_real_tp_group(comm, tmp_path):
     world = tp_size()
-    cases.run_group(cases.exchange_tp_worker, world, str(tmp_path), comm, timeout_s=900)
-    reports = cases.read_reports(str(tmp_path), world)
+    run_group(exchange_tp_worker, world, str(tmp_path), comm, timeout_s=900)
+    reports = read_reports(str(tmp_path), world)
     assert len(reports) == world, f"only {len(reports)} of {world} ranks reported"
     skipped = sorted({r["skipped"] for r in reports if r.get("skipped")})
     if skipped:

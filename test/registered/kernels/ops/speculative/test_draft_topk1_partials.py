@@ -20,10 +20,10 @@ fp32, and a CUDA-graph capture replayed with new logits.
 import pytest
 import torch
 
-from sglang_dsa_mtp import draft_argmax_cases as cases
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
-from sglang_dsa_mtp.reference import topk1_module
-from sglang_dsa_mtp.selfcheck import capture_graph
+from sglang_dsa_mtp.test import argmax_cases as cases
+from sglang_dsa_mtp.test.reference import topk1_module
+from sglang_dsa_mtp.test.timing import capture_graph
 
 CPU = torch.device("cpu")
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float32, id="fp32")]
@@ -455,6 +455,6 @@ def test_the_self_check_passes_on_this_device():
 
     [check] = [c for c in selfcheck.CHECKS if c.name == "draft argmax partials + finalize"]
     device = select_device()
-    result = check.fn(device)
+    result = check.run(device)
     assert result.ok, result.detail
     assert (result.ours_us is not None) == (device.type == "cuda")

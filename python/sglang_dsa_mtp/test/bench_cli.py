@@ -1,23 +1,17 @@
-"""Helpers shared by the kernel benchmark scripts under ``test/registered/kernels/benchmark``.
+"""Command-line helpers shared by the kernel benchmark scripts under ``test/registered/kernels/benchmark``.
 
-The floors every benchmark prints beside its measurements (the launch gap of a one-element kernel in
-a CUDA graph, the device-to-device copy bandwidth), the ``--tune NAME=v1,v2`` sweeps of our kernels'
-tunables, and markdown table rows.
+The timing options every benchmark takes (:func:`add_timing_arguments`), the ``--tune NAME=v1,v2``
+sweeps of our kernels' tunables, comma-separated integer lists, markdown table rows, and the JSON
+file of every measurement. The timing itself is in :mod:`sglang_dsa_mtp.test.timing`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import statistics
-import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Optional
-
-import torch
-
-from sglang_dsa_mtp.selfcheck import cuda_graph_time_us
 
 # Module constants of dsa_metadata_bounded a sweep may override, plus the launch's ``budget``.
 TUNABLE = ("TILE_N", "NUM_WARPS", "NUM_STAGES", "budget")
@@ -25,47 +19,6 @@ TUNABLE = ("TILE_N", "NUM_WARPS", "NUM_STAGES", "budget")
 
 def parse_list(text: str) -> list[int]:
     return [int(item) for item in text.split(",")]
-
-
-def launch_floor_us(calls: int = 20, replays: int = 30) -> float:
-    """Microseconds per launch of a one-element kernel, replayed from a CUDA graph (hot L2)."""
-    one = torch.zeros(1, device="cuda")
-    return cuda_graph_time_us(lambda: one.add_(1), calls=calls, replays=replays)
-
-
-def host_times_us(fns: dict, *, calls: int = 200, repeats: int = 21) -> dict:
-    """Host microseconds per call of each of ``fns``: ``calls`` back-to-back calls timed on the host
-    clock (the GPU work is queued, not waited for), median of ``repeats`` rounds; each round times
-    every function in turn, so that CPU clock drift reaches all alike, and drains the queue."""
-    for fn in fns.values():
-        fn()
-    torch.cuda.synchronize()
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times[name].append((time.perf_counter() - start) * 1e6 / calls)
-            torch.cuda.synchronize()
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
-def copy_bandwidth_bytes_per_us() -> float:
-    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return 2 * src.numel() / statistics.median(times)
 
 
 def parse_tune(items) -> list[dict]:

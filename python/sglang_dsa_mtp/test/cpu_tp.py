@@ -1,7 +1,7 @@
 """SGLang 0.5.23's real LM-head logits path in a tensor-parallel group of CPU processes (gloo).
 
 * :func:`sglang_tp_group`: inside a process started by
-  :func:`sglang_dsa_mtp.draft_argmax_cases.run_group`, publishes a dummy SGLang config with
+  :func:`sglang_dsa_mtp.test.process_group.run_group`, publishes a dummy SGLang config with
   ``tp_size=world``, builds SGLang's distributed environment and model-parallel groups on gloo,
   and tears them down on exit.
 * :func:`build_lm_head`: a vocab-parallel ``ParallelLMHead`` holding this rank's shard of a seeded
@@ -76,7 +76,7 @@ def sglang_tp_group(rank: int, world: int, init_method: str):
                     parallel_state.initialize_model_parallel(backend="gloo")
                 finally:
                     parallel_state.init_model_parallel_group = build_group
-                yield parallel_state.get_tp_group()
+                yield get_parallel().tp_group
             finally:
                 parallel_state.destroy_model_parallel()
                 parallel_state.destroy_distributed_environment()
@@ -244,7 +244,7 @@ def exchange_on_off_worker(
     """Body of the CPU TP test of the draft argmax exchange; writes ``rank<r>.json``.
 
     In :func:`sglang_tp_group`, with the plugin registered and its hooks applied by SGLang's
-    ``HookRegistry``: ``get_tp_group().all_reduce`` of fp32 and bf16 CPU tensors against the rank
+    ``HookRegistry``: ``get_parallel().tp_group.all_reduce`` of fp32 and bf16 CPU tensors against the
     sum; the opt-in's cross-rank agreement (a reason on one rank reaches every rank); then for bf16
     and fp32, with and without ``logit_scale``:
 
@@ -264,8 +264,8 @@ def exchange_on_off_worker(
     failures = report["failures"]
     try:
         with sglang_tp_group(rank, world, init_method) as tp_group:
-            from sglang.srt.distributed import get_tp_group
             from sglang.srt.plugins.hook_registry import HookRegistry
+            from sglang.srt.runtime_context import get_parallel
 
             from sglang_dsa_mtp import plugin
             from sglang_dsa_mtp.integration.draft_argmax_exchange import exchange_state
@@ -278,7 +278,7 @@ def exchange_on_off_worker(
             for dtype in (torch.float32, torch.bfloat16):
                 base = torch.arange(1, 13, dtype=torch.float32).view(3, 4) * 0.25
                 mine = (base * (rank + 1)).to(dtype)
-                out = get_tp_group().all_reduce(mine)
+                out = get_parallel().tp_group.all_reduce(mine)
                 want = (base * (world * (world + 1) // 2)).to(dtype)
                 report["all_reduce"].append(dict(dtype=str(dtype), sum_ok=torch.equal(out, want)))
             report["agreed"] = agree_across_group(

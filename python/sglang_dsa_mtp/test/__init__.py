@@ -1,0 +1,15 @@
+"""Test, self-check and benchmark support, shipped in the package as SGLang ships ``sglang.test``.
+
+The plugin itself (``plugin.py``, ``switches.py``, ``integration/``, ``kernels/``) never imports
+this package. What is here:
+
+- ``reference``: SGLang 0.5.23's own pure-Triton kernels, loaded by file path (the references);
+- ``metadata_cases``: replay-metadata scenarios with poisoned buffers, and their self-checks;
+- ``argmax_cases``: greedy-draft argmax scenarios (tie / NaN / inf rows), and their self-check;
+- ``process_group``: spawning a group of processes (a TP group of CPU or GPU ranks);
+- ``gpu_tp``: a real TP group of GPUs on NCCL, and the two-GPU exchange test's body;
+- ``cpu_tp``: SGLang's real TP group and LM-head path in CPU processes (gloo);
+- ``timing``: CUDA-graph and host timing, and the floors printed beside every figure;
+- ``bench_cli``: the benchmark scripts' shared options and output;
+- ``check``: what one self-check returns.
+"""

@@ -14,16 +14,16 @@ Arms:
   own ``fused_dsa_decode_metadata`` (loaded from SGLang's file by ``reference.metadata_module``) into a
   freshly allocated ``torch.empty`` scratch (bs x width page table, bs x cdiv(width, 64) compact table,
   length vectors), then a full-width copy of every scratch buffer into each step backend, one torch
-  ``copy_`` per buffer (``reference_cases.run_stock_draft_decode``). SGLang itself copies with its JIT
+  ``copy_`` per buffer (``metadata_cases.run_stock_draft_decode``). SGLang itself copies with its JIT
   CUDA kernels ``fused_metadata_copy_multi_cuda`` (step backends 0-2, one launch) and
-  ``fused_metadata_copy_cuda`` (each further one); those cannot be built on the GPU machine, which has
-  no SGLang dependencies. The copies here are their documented equivalent: the same bytes moved, in
+  ``fused_metadata_copy_cuda`` (each further one); those need SGLang's dependencies, which a machine running
+  from the wheel's files (``test/gpu_env.sh``) lacks. The copies here are their documented equivalent: the same bytes moved, in
   separate launches (1 + 6 per step backend, where SGLang makes 2 + (step backends - 3)), so this
   arm carries more launch gaps than SGLang's. ``stock foreach`` moves the same bytes with one
   ``torch._foreach_copy_`` over every (destination, source) pair
   (``run_stock_draft_decode(..., foreach=True)``), in fewer launches. At 4 step backends SGLang also
   refreshes the DeepGEMM paged-MQA schedule of step 3 (the spec's "plus, at 5/1/6, the step-3
-  schedule refresh"); DeepGEMM is not on the GPU machine either, so no stand-in is timed: the stock
+  schedule refresh"); DeepGEMM is one of those dependencies too, so no stand-in is timed: the stock
   arm at 4 step backends leaves that refresh out and understates SGLang's time by it. The per-step
   work both paths keep (FlashMLA metadata under ``flashmla_kv``, ``forward_metadata``) is not timed.
 * ``one launch``: ours, ``fused_dsa_draft_decode_metadata_multi`` into every step backend.

@@ -18,7 +18,7 @@ Arms, per rank:
   (``GroupCoordinator.all_gather(dim=-1)``: NCCL ``all_gather_into_tensor`` + the reorder copy) +
   ``[:, :vocab]`` to fp32 + SGLang's own ``draft_topk1_postprocess`` (loaded from its file).
 * ``gather fp32``: the same with the logits converted to fp32 before the all-gather (as with an fp32
-  LM head), for comparison with ``shared/baselines``.
+  LM head), for comparison with ``docs/baselines.md``.
 * ``exchange``: GEMM + ``draft_argmax_partials`` + the sum all-reduce + ``draft_argmax_finalize``
   (positions advanced, the draft-token column written, as in draft decode).
 * ``GEMM + all-reduce``: the exchange without our kernels: the GEMM, then the all-reduce of an

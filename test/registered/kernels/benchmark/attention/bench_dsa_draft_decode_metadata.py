@@ -44,7 +44,6 @@ launch.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import traceback
 
@@ -54,8 +53,10 @@ import triton
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.test.bench_cli import (
     add_timing_arguments,
+    benchmark_parser,
     markdown_header,
     markdown_row,
+    measurements,
     parse_list,
     parse_tune,
     tunables,
@@ -111,14 +112,24 @@ def check_one_launch(case, outs) -> None:
                 raise AssertionError(f"one launch: step backend {i}'s {name} differs")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", default="3,4", help="draft step backends (1 to 4)")
-    parser.add_argument("--live", default="1024,65536", help="live KV lengths")
-    parser.add_argument("--bs", default="1,4,16")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"any of {ARMS}")
+def build_parser():
+    parser = benchmark_parser(__doc__)
+    parser.add_argument(
+        "--steps", default="3,4", help="draft step backends, comma-separated, each 1 to 4"
+    )
+    parser.add_argument(
+        "--live", default="1024,65536", help="live KV lengths in tokens, comma-separated"
+    )
+    parser.add_argument("--bs", default="1,4,16", help="batch sizes, comma-separated")
+    parser.add_argument(
+        "--arms", default=",".join(ARMS), help=f"arms to time, comma-separated, any of {ARMS}"
+    )
     add_timing_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_dsa_draft_decode_metadata needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -223,10 +234,9 @@ def main(argv=None) -> int:
     if args.json:
         write_json(
             args.json,
-            gpu=props.name,
-            launch_floor_us=launch,
-            copy_bytes_per_us=bandwidth,
-            points=records,
+            measurements(
+                gpu=props.name, launch_floor_us=launch, copy_bytes_per_us=bandwidth, points=records
+            ),
         )
     return 0
 

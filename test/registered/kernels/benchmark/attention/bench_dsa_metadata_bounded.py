@@ -23,6 +23,7 @@ device-to-device copy bandwidth.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 
@@ -124,6 +125,11 @@ def main(argv=None) -> int:
             save_plot(json.load(f), args.plot)
         print(f"plot: {args.plot}")
         return 0
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error(
+            "--plot needs matplotlib (the bench extra); or write --json here and draw it "
+            "elsewhere with --plot-from"
+        )
     if args.host and (args.tune or args.plot):
         parser.error("--host times the wrappers with our default tunables; drop --tune and --plot")
     if not set(args.ops.split(",")) <= set(OP_NAMES):

@@ -5,8 +5,9 @@ Without a CUDA device the tests run our Triton kernels and SGLang's through Trit
 marked ``gpu`` are skipped with a reason on such a machine.
 
 Test modules that need SGLang installed (importing ``sglang`` imports its dependencies) start with
-``pytest.importorskip("sglang.srt.plugins", reason=...)``. The GPU runner has only SGLang's files on
-the path, for the reference kernels; there an import of ``sglang`` would fail and leave half of it in
+``pytest.importorskip("sglang.srt.plugins", reason=...)``. On a CUDA machine without SGLang's
+dependencies the GPU runner has only SGLang's files on the path (from the wheel, for the reference
+kernels); there an import of ``sglang`` would fail and leave half of it in
 ``sys.modules``, so that the next import fails with a KeyError instead of an ImportError. So when the
 ``sglang`` distribution is not installed, ``sglang.srt.plugins`` is pinned to None: every import of it
 raises ModuleNotFoundError at once, which ``importorskip`` reports as a skip.
@@ -21,7 +22,7 @@ import pytest
 from sglang_dsa_mtp.devices import select_device
 
 DEVICE = select_device()
-GPU_SKIP_REASON = "needs a CUDA GPU (run test/run_gpu.sh on the device machine)"
+GPU_SKIP_REASON = "needs a CUDA GPU (run test/run_gpu.sh on a CUDA machine)"
 
 try:
     SGLANG_VERSION = metadata.version("sglang")
@@ -58,8 +59,9 @@ def fresh_switches(monkeypatch):
 
 
 # --- hook sites: SGLang's real plugin loader has applied our real tables ---------------------------
-# SGLang is imported inside these fixtures, so that collecting the tests on the GPU machine (which has
-# SGLang's files but not its dependencies) leaves the skipping to each module's ``importorskip``.
+# SGLang is imported inside these fixtures, so that collecting the tests where SGLang's files are on
+# the path without its dependencies (test/gpu_env.sh from the wheel) leaves the skipping to each
+# module's ``importorskip``.
 
 
 @pytest.fixture

@@ -1,29 +1,41 @@
-# Source on the GPU machine to import this package and SGLang 0.5.23's files without installing them:
+# Source before the GPU tests or a kernel benchmark, on any CUDA machine:
 #
 #   source test/gpu_env.sh && python3 test/registered/kernels/benchmark/attention/bench_dsa_metadata_bounded.py
 #
-# The GPU machine has torch and triton but no SGLang, no SGLang dependencies and no network. SGLang's
-# wheel travels in the ignored folder .whl/ (it is cp311, so pip would refuse it on the machine's
-# Python 3.12 anyway). Only its files are needed: reference.py finds the `sglang` package directory
-# and loads SGLang's pure-Triton kernels by file path, without importing `sglang`.
+# Puts this checkout's python/ first on PYTHONPATH and makes SGLang 0.5.23's files findable:
+# - where `import sglang` works (SGLang installed with its dependencies), that SGLang is used;
+# - where it does not (a machine with torch and triton but without SGLang's dependencies or a
+#   network), the SGLang wheel placed in .whl/ (ignored by git) is unpacked into a temporary folder
+#   and that folder goes on PYTHONPATH. Nothing is pip-installed: the kernel tests and benchmarks
+#   only need SGLang's files, from which test/reference.py loads SGLang's pure-Triton kernels by
+#   file path, without importing `sglang`; the tests that need SGLang's runtime skip there.
 
 _repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-_wheel=$_repo/.whl/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl
-_tree=${TMPDIR:-/tmp}/sglang-0.5.23-files
-if [ ! -f "$_wheel" ]; then
-    echo "gpu_env.sh: $_wheel is missing; carry the ignored folder .whl to this machine" >&2
-    return 1
-fi
-if [ ! -d "$_tree/sglang" ]; then
-    _partial=$(mktemp -d "$_tree.XXXXXX")
-    python3 - "$_wheel" "$_partial" <<'PY'
+if python3 -c 'import sglang' >/dev/null 2>&1; then
+    echo "gpu_env.sh: using the installed SGLang ($(python3 -c 'from importlib.metadata import version; print(version("sglang"))' 2>/dev/null || echo "version unknown"))" >&2
+    export PYTHONPATH="$_repo/python${PYTHONPATH:+:$PYTHONPATH}"
+else
+    _wheel=$_repo/.whl/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl
+    _tree=${TMPDIR:-/tmp}/sglang-0.5.23-files
+    if [ ! -f "$_wheel" ]; then
+        echo "gpu_env.sh: SGLang does not import here and $_wheel is missing:" \
+            "install SGLang 0.5.23, or put its wheel in .whl/" >&2
+        unset _repo _wheel _tree
+        return 1
+    fi
+    if [ ! -d "$_tree/sglang" ]; then
+        _partial=$(mktemp -d "$_tree.XXXXXX")
+        python3 - "$_wheel" "$_partial" <<'PY'
 import sys
 import zipfile
 
 with zipfile.ZipFile(sys.argv[1]) as wheel:
     wheel.extractall(sys.argv[2], [name for name in wheel.namelist() if name.startswith("sglang/")])
 PY
-    mkdir -p "$_tree" && mv "$_partial/sglang" "$_tree/" && rmdir "$_partial"
+        mkdir -p "$_tree" && mv "$_partial/sglang" "$_tree/" && rmdir "$_partial"
+    fi
+    echo "gpu_env.sh: SGLang does not import here; using the files of $_wheel" >&2
+    export PYTHONPATH="$_repo/python:$_tree${PYTHONPATH:+:$PYTHONPATH}"
+    unset _wheel _tree _partial
 fi
-export PYTHONPATH="$_repo/python:$_tree${PYTHONPATH:+:$PYTHONPATH}"
-unset _repo _wheel _tree _partial
+unset _repo

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU tests, on the GPU machine: `bash test/run_gpu.sh [extra pytest arguments]`.
+# The GPU tests, on a CUDA machine: `bash test/run_gpu.sh [extra pytest arguments]`.
 #
-# Runs every test marked `gpu` under test/registered with this package and SGLang 0.5.23's files on
-# PYTHONPATH (test/gpu_env.sh). Modules that need SGLang's dependencies are reported as skipped. Fails
-# when a test fails, and when no GPU test ran at all (all skipped or deselected). The pytest log goes
-# to $OUT/gpu-tests.log when $OUT is set.
+# Runs every test marked `gpu` under test/registered, with this checkout's package and SGLang 0.5.23
+# as test/gpu_env.sh finds it: the installed SGLang where `import sglang` works, else the files of
+# the wheel in .whl/. Without SGLang's dependencies, the modules that need them are reported as
+# skipped. Fails when a test fails, and when no GPU test ran at all (all skipped or deselected).
+# The pytest log goes to $OUT/gpu-tests.log when the variable OUT names a folder, else to a
+# temporary folder; the last line says where.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source test/gpu_env.sh

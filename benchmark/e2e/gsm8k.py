@@ -28,11 +28,18 @@ from sglang_dsa_mtp.e2e.protocol import (
 )
 
 
-def main(argv: list[str]) -> None:
-    kit_argv, extra = split_server_args(argv)
+def build_parser():
     parser = kit_parser(__doc__)
     parser.add_argument("--data-path", type=Path, help=f"GSM8K test.jsonl ({gsm8k.DATA_URL})")
-    parser.add_argument("--parallel", type=int, default=128, help="requests in flight")
+    parser.add_argument(
+        "--parallel", type=int, default=128, help="requests in flight (default: %(default)s)"
+    )
+    return parser
+
+
+def main(argv: list[str]) -> None:
+    kit_argv, extra = split_server_args(argv)
+    parser = build_parser()
     args = parser.parse_args(kit_argv)
     preset = get_preset(args.preset)
     title = f"GSM8K, {preset.description}"

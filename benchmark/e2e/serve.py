@@ -16,6 +16,7 @@ import sys
 from sglang_dsa_mtp.e2e.protocol import (
     ARMS,
     PRESETS,
+    SERVER_EPILOG,
     arm_env,
     get_preset,
     parse_server_args,
@@ -25,14 +26,23 @@ from sglang_dsa_mtp.e2e.protocol import (
 from sglang_dsa_mtp.switches import SWITCHES
 
 
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=SERVER_EPILOG)
+    parser.add_argument(
+        "--arm",
+        required=True,
+        choices=ARMS,
+        help="stock: both kill switches 0 (SGLang's own paths); plugin: both unset (on)",
+    )
+    parser.add_argument(
+        "--preset", required=True, choices=sorted(PRESETS), help="the spec's server flags to use"
+    )
+    return parser
+
+
 def main(argv: list[str]) -> None:
     kit_argv, extra = split_server_args(argv)
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog="Arguments after -- go to the server."
-    )
-    parser.add_argument("--arm", required=True, choices=ARMS)
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
-    args = parser.parse_args(kit_argv)
+    args = build_parser().parse_args(kit_argv)
     server_args = [*get_preset(args.preset).server_args, *extra]
     parse_server_args(server_args)
     env = arm_env(args.arm, os.environ)

@@ -30,8 +30,7 @@ from sglang_dsa_mtp.e2e.protocol import (
 )
 
 
-def main(argv: list[str]) -> None:
-    kit_argv, extra = split_server_args(argv)
+def build_parser():
     parser = kit_parser(__doc__)
     parser.add_argument(
         "--dataset-path", type=Path, help="ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -39,6 +38,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--concurrency", type=int, nargs="+", help="concurrency points (default: the preset's)"
     )
+    return parser
+
+
+def main(argv: list[str]) -> None:
+    kit_argv, extra = split_server_args(argv)
+    parser = build_parser()
     args = parser.parse_args(kit_argv)
     preset = get_preset(args.preset)
     title = f"Concurrency sweep, {preset.description}"

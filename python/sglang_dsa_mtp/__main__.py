@@ -1,18 +1,108 @@
 """``python -m sglang_dsa_mtp``: what the plugin would do on this machine, then the kernel self-checks.
 
 Prints SGLang's version, whether SGLang's plugin loader picks this package up, the kill switches,
-whether each feature would engage here and why not, and one row per kernel self-check. The exit
-status is 1 when a self-check fails.
+whether each feature would engage here and why not, and one row per kernel self-check
+(``--no-checks`` skips them). The exit status is 0 when every kill-switch value is valid and every
+self-check passes, 1 when a value is invalid or a check fails, and 2 on a bad command line.
+
+The tables go to stdout. This package's log records go to stderr as ``LEVEL sglang_dsa_mtp: ...``
+(each message carries its ``sglang_dsa_mtp:`` prefix, which is what names them in SGLang's server
+log, whose format has no logger names). SGLang's own import-time warnings about a machine without
+CUDA (``SGLANG_IMPORT_WARNINGS``, ``SGLANG_IMPORT_LOG_LINES``) are not about this plugin and are
+kept off this screen; any other warning is shown as usual.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import logging
+import re
 import sys
+import warnings
+from collections.abc import Iterator, Sequence
 
 import torch
 
 import sglang_dsa_mtp
 from sglang_dsa_mtp.devices import cuda_blocker, select_device
+from sglang_dsa_mtp.integration.log import logger
+
+# SGLang's warnings while it is imported on a machine without CUDA: (category, start of message).
+SGLANG_IMPORT_WARNINGS = (
+    (UserWarning, "Only CUDA, HIP and XPU support AWQ currently."),
+    (UserWarning, "Only CUDA, MUSA and NPU support GGUF quantization currently."),
+    (UserWarning, "Triton is not supported on current platform, roll back to CPU."),
+    (DeprecationWarning, "MultiPlatformOp is deprecated"),
+)
+# SGLang's log lines at the same moment: (logger name, start of message).
+SGLANG_IMPORT_LOG_LINES = (("sglang.kernels.jit.utils.arch", "Cannot detect CUDA architecture."),)
+
+
+@contextlib.contextmanager
+def quiet_sglang_import() -> Iterator[None]:
+    """Inside the block, SGLang's known import-time warnings and log lines (above) are dropped;
+    every other warning and log record passes as usual."""
+    filters = []
+    for name, start in SGLANG_IMPORT_LOG_LINES:
+
+        def keep(record: logging.LogRecord, start: str = start) -> bool:
+            return not record.getMessage().startswith(start)
+
+        logging.getLogger(name).addFilter(keep)
+        filters.append((name, keep))
+    try:
+        with warnings.catch_warnings():
+            for category, start in SGLANG_IMPORT_WARNINGS:
+                warnings.filterwarnings("ignore", message=re.escape(start), category=category)
+            yield
+    finally:
+        for name, keep in filters:
+            logging.getLogger(name).removeFilter(keep)
+
+
+@contextlib.contextmanager
+def log_to_screen() -> Iterator[None]:
+    """Inside the block, this package's records at INFO and above go to stderr as
+    ``LEVEL sglang_dsa_mtp: ...``, and only there; the logger is restored afterwards."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang_dsa_mtp",
+        description=(
+            "What the sglang-dsa-mtp plugin would do on this machine (SGLang's version, the plugin "
+            "loader, the kill switches, each feature and why it would not engage), then each of "
+            "its kernels checked against SGLang's own, bit for bit: on a CUDA GPU, with timings; "
+            "otherwise on the CPU through Triton's interpreter, at small sizes."
+        ),
+        epilog=(
+            "Exit status: 0 when every kill-switch value is valid and every self-check passes; "
+            "1 when a value is invalid or a check fails; 2 on a bad command line."
+        ),
+    )
+    parser.add_argument(
+        "--no-checks",
+        action="store_true",
+        help="print the status only, without the kernel self-checks (they take about a minute on "
+        "a small CPU machine)",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {sglang_dsa_mtp.__version__}"
+    )
+    return parser
 
 
 def _print_table(rows: list[tuple[str, ...]], header: tuple[str, ...] | None = None) -> None:
@@ -27,11 +117,9 @@ def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def main() -> int:
-    # First, before anything defines a Triton kernel: on a machine without CUDA this sets
-    # TRITON_INTERPRET=1, so the imports below (SGLang, the self-checks' kernels) come after it.
-    device = select_device()
-    from sglang_dsa_mtp import plugin, selfcheck
+def _print_status(device_note: str) -> None:
+    """The SGLang, loader and device lines, the kill switches and the features."""
+    from sglang_dsa_mtp import plugin
     from sglang_dsa_mtp.switches import SWITCHES
 
     version = plugin.sglang_version()
@@ -42,11 +130,6 @@ def main() -> int:
     else:
         version_note = f"{version} (NOT tested; tested: {', '.join(plugin.TESTED_SGLANG_VERSIONS)})"
     discovered, discovery_note = plugin.discovery()
-    device_note = (
-        f"cuda ({torch.cuda.get_device_name(device)})"
-        if device.type == "cuda"
-        else "cpu, through Triton's interpreter"
-    )
     print(f"sglang_dsa_mtp {sglang_dsa_mtp.__version__}\n")
     _print_table(
         [
@@ -71,10 +154,15 @@ def main() -> int:
         feature_rows.append((feature, "no" if why_not else "yes", "; ".join(why_not)))
     _print_table(feature_rows, header=("feature", "engages here", "why not"))
 
+
+def _run_checks(device: torch.device, device_note: str) -> list[str]:
+    """Run and table the self-checks; the names of those that failed."""
+    from sglang_dsa_mtp import selfcheck
+
     results = selfcheck.run_checks(device)
     if not results:
         print(f"  self-checks ({device_note}): none yet")
-        return 0
+        return []
     _print_table(
         [
             (check.name, "ok" if r.ok else "FAIL", _us(r.ours_us), _us(r.sglang_us), r.detail)
@@ -82,8 +170,34 @@ def main() -> int:
         ],
         header=(f"self-check ({device_note})", "result", "ours us", "SGLang us", "detail"),
     )
-    return 0 if all(r.ok for _, r in results) else 1
+    return [check.name for check, r in results if not r.ok]
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    """The command with arguments ``argv`` (without the program name); returns the exit status."""
+    args = build_parser().parse_args(list(argv))
+    # Before anything defines a Triton kernel: on a machine without CUDA this sets
+    # TRITON_INTERPRET=1, so SGLang and the self-checks' kernels are imported after it.
+    device = select_device()
+    device_note = (
+        f"cuda ({torch.cuda.get_device_name(device)})"
+        if device.type == "cuda"
+        else "cpu, through Triton's interpreter"
+    )
+    with log_to_screen():
+        with quiet_sglang_import():
+            _print_status(device_note)
+        from sglang_dsa_mtp.switches import SWITCHES
+
+        problems = [error for error in (s.value_error() for s in SWITCHES) if error]
+        if args.no_checks:
+            print(f"  self-checks ({device_note}): skipped (--no-checks)")
+        else:
+            problems += [f"self-check {name!r} failed" for name in _run_checks(device, device_note)]
+    for problem in problems:
+        print(f"python -m sglang_dsa_mtp: error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

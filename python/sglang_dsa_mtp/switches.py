@@ -36,25 +36,34 @@ class KillSwitch:
             setattr(Envs, self.env, field)
         return field
 
+    def _parse(self, raw: str) -> tuple[bool, str | None]:
+        """(value, None) for one of SGLang's boolean words; (False, why) for anything else."""
+        try:
+            return self.field.parse(raw), None
+        except ValueError:
+            return False, f"{self.env}={raw!r} is not a boolean ({ACCEPTED})"
+
+    def value_error(self) -> str | None:
+        """Why the environment's value of this switch is invalid; None when it is unset or valid."""
+        raw = os.environ.get(self.env)
+        return None if raw is None else self._parse(raw)[1]
+
     def state(self) -> tuple[bool, str]:
         """(enabled, why): unset -> on; parsable -> its value; unparsable -> off, logged as an error."""
         raw = os.environ.get(self.env)
         if raw is None:
             return True, "default on"
-        try:
-            value = self.field.parse(raw)
-        except ValueError:
-            log_once(
-                logging.ERROR,
-                ("bad-switch", self.env, raw),
-                "%s=%r is not a boolean (accepted: %s); %s stays off",
-                self.env,
-                raw,
-                ACCEPTED,
-                self.feature,
-            )
-            return False, f"{self.env}={raw!r} is not a boolean ({ACCEPTED}): off"
-        return value, f"{self.env}={raw}"
+        value, error = self._parse(raw)
+        if error is None:
+            return value, f"{self.env}={raw}"
+        log_once(
+            logging.ERROR,
+            ("bad-switch", self.env, raw),
+            "sglang_dsa_mtp: %s; %s stays off",
+            error,
+            self.feature,
+        )
+        return False, f"{error}: off"
 
     def enabled(self) -> bool:
         return self.state()[0]

@@ -1,27 +1,35 @@
-"""``python -m sglang_dsa_mtp``: a readable report of this machine, and a non-zero exit on a failed check."""
+"""``python -m sglang_dsa_mtp``: a readable report of this machine, a real command line, and a
+non-zero exit on an invalid kill-switch value or a failed check."""
 
+import logging
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
 pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
 
 from sglang_dsa_mtp import selfcheck
-from sglang_dsa_mtp.__main__ import main
+from sglang_dsa_mtp.__main__ import (
+    SGLANG_IMPORT_LOG_LINES,
+    SGLANG_IMPORT_WARNINGS,
+    main,
+    quiet_sglang_import,
+)
 from sglang_dsa_mtp.devices import cuda_blocker
 from sglang_dsa_mtp.selfcheck import SelfCheck
 from sglang_dsa_mtp.switches import SWITCHES
 from sglang_dsa_mtp.test.check import CheckResult
 
 
-def run_main(**env):
+def run_main(*args, **env):
     """Run the command as a user would, without the TRITON_INTERPRET this test session set."""
     environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     environ.update(env)
     return subprocess.run(
-        [sys.executable, "-m", "sglang_dsa_mtp"],
+        [sys.executable, "-m", "sglang_dsa_mtp", *args],
         env=environ,
         capture_output=True,
         text=True,
@@ -29,8 +37,24 @@ def run_main(**env):
     )
 
 
+def record_checks(monkeypatch, *results):
+    """Replace the self-checks by checks returning ``results``; the list of devices they ran on."""
+    ran = []
+
+    def check(result):
+        def run(device):
+            ran.append(device)
+            return result
+
+        return run
+
+    checks = tuple(SelfCheck(f"kernel-{i}", check(r)) for i, r in enumerate(results))
+    monkeypatch.setattr(selfcheck, "CHECKS", checks)
+    return ran
+
+
 def test_the_command_reports_sglang_the_loader_the_switches_and_the_features():
-    done = run_main()
+    done = run_main("--no-checks")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "SGLang         0.5.23 (tested)" in out
@@ -41,8 +65,18 @@ def test_the_command_reports_sglang_the_loader_the_switches_and_the_features():
         assert cuda_blocker() in out, "each feature says why it would not engage here"
 
 
+def test_the_screen_shows_no_sglang_import_warnings():
+    """SGLang's warnings about a machine without CUDA are not about this plugin."""
+    done = run_main("--no-checks")
+    assert done.returncode == 0, done.stderr
+    known = [start for _, start in SGLANG_IMPORT_WARNINGS + SGLANG_IMPORT_LOG_LINES]
+    for line in done.stderr.splitlines():
+        assert not any(start in line for start in known), line
+        assert "/sglang/" not in line, f"a warning from SGLang's files: {line}"
+
+
 def test_the_command_shows_a_switched_off_feature():
-    done = run_main(SGLANG_DSA_BOUNDED_REPLAY_METADATA="0")
+    done = run_main("--no-checks", SGLANG_DSA_BOUNDED_REPLAY_METADATA="0")
     assert done.returncode == 0, done.stderr
     [switch_line] = [
         line for line in done.stdout.splitlines() if "SGLANG_DSA_BOUNDED_REPLAY_METADATA  " in line
@@ -50,10 +84,85 @@ def test_the_command_shows_a_switched_off_feature():
     assert switch_line.split()[1] == "off"
 
 
-def test_with_no_checks_the_command_says_so_and_passes(monkeypatch, capsys):
-    monkeypatch.setattr(selfcheck, "CHECKS", ())
+def test_help_shows_the_usage_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m sglang_dsa_mtp")
+    assert "--no-checks" in out and "Exit status" in out
+
+
+def test_an_unknown_flag_is_rejected_with_exit_2(monkeypatch, capsys):
+    ran = record_checks(monkeypatch, CheckResult(True, "identical"))
+    with pytest.raises(SystemExit) as done:
+        main(["--bogus"])
+    assert done.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+    assert ran == []
+
+
+def test_no_checks_prints_the_status_and_runs_no_check(monkeypatch, capsys):
+    ran = record_checks(monkeypatch, CheckResult(False, "would fail"))
+    assert main(["--no-checks"]) == 0
+    assert ran == []
+    out = capsys.readouterr().out
+    assert "kill switch" in out and "feature" in out
+    assert "skipped (--no-checks)" in out
+
+
+def test_without_flags_every_check_runs(monkeypatch, capsys):
+    ran = record_checks(monkeypatch, CheckResult(True, "a"), CheckResult(True, "b"))
+    assert main() == 0
+    assert len(ran) == 2
+
+
+def test_with_no_checks_registered_the_command_says_so_and_passes(monkeypatch, capsys):
+    record_checks(monkeypatch)
     assert main() == 0
     assert "none yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("no_checks", [True, False], ids=["no-checks", "with-checks"])
+def test_an_invalid_switch_value_exits_1_naming_the_variable(
+    no_checks, fresh_switches, monkeypatch, capsys
+):
+    record_checks(monkeypatch, CheckResult(True, "identical"))
+    monkeypatch.setenv("SGLANG_DSA_LIVE_WIDTH", "maybe")
+    assert main(["--no-checks"] if no_checks else []) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert "ERROR sglang_dsa_mtp: SGLANG_DSA_LIVE_WIDTH='maybe' is not a boolean" in err[0]
+    assert err[-1].startswith("python -m sglang_dsa_mtp: error: SGLANG_DSA_LIVE_WIDTH='maybe'")
+
+
+def test_log_lines_on_the_screen_carry_one_prefix(fresh_switches, monkeypatch, capsys):
+    """The messages name the plugin themselves (SGLang's server log prints no logger names); the
+    screen adds the level, not the logger name again."""
+    monkeypatch.setenv("SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE", "off")
+    main(["--no-checks"])
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ERROR")]
+    assert line.startswith("ERROR sglang_dsa_mtp: SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE='off'")
+    assert "sglang_dsa_mtp:sglang_dsa_mtp" not in line
+    assert logging.getLogger("sglang_dsa_mtp").handlers == [], "the screen handler is removed"
+
+
+def test_quiet_sglang_import_drops_only_the_known_warnings(caplog):
+    [(arch_logger, arch_line)] = SGLANG_IMPORT_LOG_LINES
+    with warnings.catch_warnings(record=True) as shown, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        with quiet_sglang_import():
+            for category, start in SGLANG_IMPORT_WARNINGS:
+                warnings.warn(start + " (details)", category)
+            warnings.warn("Only CUDA supports something new.", UserWarning)
+            warnings.warn("MultiPlatformOp is fine", UserWarning)
+            logging.getLogger(arch_logger).warning(arch_line)
+            logging.getLogger(arch_logger).warning("Another arch problem.")
+        logging.getLogger(arch_logger).warning(arch_line)
+    assert [str(w.message) for w in shown] == [
+        "Only CUDA supports something new.",
+        "MultiPlatformOp is fine",
+    ]
+    assert [r.getMessage() for r in caplog.records] == ["Another arch problem.", arch_line]
 
 
 def test_checks_are_tabled_with_their_timings(monkeypatch, capsys):
@@ -67,7 +176,7 @@ def test_checks_are_tabled_with_their_timings(monkeypatch, capsys):
     assert row == ["kernel-a", "ok", "1.2", "7.5", "identical"]
 
 
-def test_a_failed_check_makes_the_exit_status_non_zero(monkeypatch, capsys):
+def test_a_failed_check_makes_the_exit_status_1(monkeypatch, capsys):
     monkeypatch.setattr(
         selfcheck,
         "CHECKS",
@@ -77,4 +186,8 @@ def test_a_failed_check_makes_the_exit_status_non_zero(monkeypatch, capsys):
         ),
     )
     assert main() == 1
-    assert "FAIL" in capsys.readouterr().out
+    done = capsys.readouterr()
+    assert "FAIL" in done.out
+    assert (
+        done.err.splitlines()[-1] == "python -m sglang_dsa_mtp: error: self-check 'kernel-b' failed"
+    )

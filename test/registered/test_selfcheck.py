@@ -38,7 +38,7 @@ def test_a_check_that_raises_is_a_failed_check(monkeypatch):
 
 
 def test_the_one_launch_mtp_draft_metadata_check_passes_on_this_device():
-    """CPU here (small, through the interpreter); the GPU on the device machine (1M table, timed)."""
+    """CPU here (small, through the interpreter); on a CUDA GPU, a 1M table, timed."""
     [check] = [c for c in selfcheck.CHECKS if c.name == "one-launch MTP draft decode metadata"]
     device = select_device()
     result = check.run(device)

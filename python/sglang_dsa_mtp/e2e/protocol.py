@@ -162,15 +162,26 @@ def server_base_url(parsed: argparse.Namespace) -> str:
     return f"http://{host}:{parsed.port}"
 
 
+SERVER_EPILOG = (
+    "Arguments after -- go to the server. The spec: docs/spec.md, the upstream SGLang pull request "
+    "this plugin re-creates, with its GB300 tables."
+)
+
+
 def kit_parser(doc: str) -> argparse.ArgumentParser:
     """The options every kit command takes: the preset, the results folder, the server start-up
     limit, a server started by hand (``--base-url`` with ``--instance``) and ``--report-only``."""
-    parser = argparse.ArgumentParser(
-        description=doc.split("\n\n")[0], epilog="Arguments after -- go to the server."
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=SERVER_EPILOG)
+    parser.add_argument(
+        "--preset", required=True, choices=sorted(PRESETS), help="the spec's server flags to use"
     )
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
     parser.add_argument("--out", required=True, type=Path, help="results folder")
-    parser.add_argument("--startup-timeout", type=float, default=3600.0, help="seconds per server")
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=3600,
+        help="seconds each server may take to start (default: %(default)s)",
+    )
     parser.add_argument("--base-url", help="a server started by hand, instead of launching them")
     parser.add_argument(
         "--instance", choices=[i.tag for i in INSTANCE_ORDER], help="with --base-url: which one"

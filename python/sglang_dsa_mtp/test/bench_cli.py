@@ -1,12 +1,14 @@
 """Command-line helpers shared by the kernel benchmark scripts under ``test/registered/kernels/benchmark``.
 
-The timing options every benchmark takes (:func:`add_timing_arguments`), the ``--tune NAME=v1,v2``
-sweeps of our kernels' tunables, comma-separated integer lists, markdown table rows, and the JSON
-file of every measurement. The timing itself is in :mod:`sglang_dsa_mtp.test.timing`.
+The help layout (:class:`HelpFormatter`, :func:`benchmark_parser`), the timing options every
+benchmark takes (:func:`add_timing_arguments`), the ``--tune NAME=v1,v2`` sweeps of our kernels'
+tunables, comma-separated integer lists, markdown table rows, and the JSON file of every
+measurement. The timing itself is in :mod:`sglang_dsa_mtp.test.timing`.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 from collections.abc import Iterator
@@ -15,6 +17,35 @@ from typing import Optional
 
 # Module constants of dsa_metadata_bounded a sweep may override, plus the launch's ``budget``.
 TUNABLE = ("TILE_N", "NUM_WARPS", "NUM_STAGES", "budget")
+
+
+SPEC_EPILOG = (
+    "The spec: docs/spec.md, the upstream SGLang pull request this plugin re-creates, with its "
+    "GB300 tables."
+)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's line breaks, and shows each option's default after its help (except
+    for flags, options without a default, and help that states its default itself)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        default = action.default
+        no_default = default is None or default is False or default is argparse.SUPPRESS
+        if "(default" in help_text or no_default or default == []:
+            return help_text
+        return f"{help_text} (default: %(default)s)"
+
+
+def benchmark_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's parser: the first two paragraphs of ``doc`` (what it measures, which of the
+    spec's tables it reproduces) as the description, defaults shown, and what "the spec" is."""
+    return argparse.ArgumentParser(
+        description="\n\n".join(doc.split("\n\n")[:2]),
+        epilog=SPEC_EPILOG,
+        formatter_class=HelpFormatter,
+    )
 
 
 def parse_list(text: str) -> list[int]:
@@ -60,19 +91,23 @@ def markdown_row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def write_json(path: str, *, gpu: str, launch_floor_us: float, copy_bytes_per_us: float, points):
-    """Every measurement of a benchmark run, with the floors it was printed against."""
+def measurements(
+    *, gpu: str, launch_floor_us: float, copy_bytes_per_us: float, points: list, **settings
+) -> dict:
+    """Every measurement of a benchmark run, with the floors it was printed against and the
+    settings it ran with: what ``--json`` writes."""
+    return dict(
+        gpu=gpu,
+        launch_floor_us=launch_floor_us,
+        copy_bytes_per_us=copy_bytes_per_us,
+        **settings,
+        points=points,
+    )
+
+
+def write_json(path: str, record: dict) -> None:
     with open(path, "w") as f:
-        json.dump(
-            dict(
-                gpu=gpu,
-                launch_floor_us=launch_floor_us,
-                copy_bytes_per_us=copy_bytes_per_us,
-                points=points,
-            ),
-            f,
-            indent=1,
-        )
+        json.dump(record, f, indent=1)
 
 
 def add_timing_arguments(parser) -> None:
@@ -85,7 +120,11 @@ def add_timing_arguments(parser) -> None:
         metavar="NAME=v1,v2",
         help=f"sweep one of our tunables {TUNABLE} (repeatable: every combination is timed)",
     )
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument(
+        "--calls", type=int, default=20, help="calls captured back to back in one CUDA graph"
+    )
+    parser.add_argument(
+        "--replays", type=int, default=30, help="timed graph replays; each figure is their median"
+    )
     parser.add_argument("--hot-l2", action="store_true", help="skip the cold-L2 memsets")
     parser.add_argument("--json", help="write every measurement to this file")

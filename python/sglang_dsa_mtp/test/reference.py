@@ -1,7 +1,8 @@
 """Load SGLang 0.5.23's own pure-Triton kernels by file path, as the references ours must match.
 
 Importing ``sglang.kernels...`` normally runs ``sglang/__init__.py`` and pulls SGLang's heavy
-dependencies, which the GPU machine does not have. These helpers find the installed (or unzipped)
+dependencies, which a CUDA machine running from the wheel's files (``test/gpu_env.sh``) does not
+have. These helpers find the installed (or unzipped)
 ``sglang`` package without importing it and execute single kernel files under private module names.
 
 On a CPU machine SGLang's wrappers ``assert tensor.is_cuda``; ``strip_asserts=True`` compiles the

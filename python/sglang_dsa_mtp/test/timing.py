@@ -1,6 +1,6 @@
 """Timing on a CUDA device, shared by the self-checks, the GPU tests and the benchmarks.
 
-As the device method asks: CUDA-graph replays after a warm-up, medians, optionally a cold L2
+The method of docs/baselines.md: CUDA-graph replays after a warm-up, medians, optionally a cold L2
 (:func:`cuda_graph_time_us`); host time per call of a Python-level launch (:func:`host_times_us`);
 and the floors printed beside every figure: the launch gap of a one-element kernel in a graph
 (:func:`launch_floor_us`) and the device-to-device copy bandwidth (:func:`copy_bandwidth_bytes_per_us`).

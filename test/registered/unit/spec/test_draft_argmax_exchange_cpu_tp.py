@@ -2,13 +2,13 @@
 ``LogitsProcessor`` and vocab-parallel ``ParallelLMHead`` and the plugin's hooks applied by SGLang's
 ``HookRegistry`` in each process; kernels under Triton's interpreter.
 
-This is the part of the TP test that needs SGLang's runtime (not installable on the GPU machine):
+This is the part of the TP test that needs SGLang's runtime (absent where the GPU tests run from the wheel's files):
 the exchange off gathers logits bit-identical to the per-shard reference, the opt-in engages on
 the group's CPU all-reduce, and the exchange on gives the same tokens, ``topk_p``, positions and
 draft tokens as SGLang's pick from the gathered logits (draft decode and draft extend). The GPU
 side (NCCL and symmetric-memory all-reduce, CUDA graphs) is
 ``kernels/ops/speculative/test_draft_argmax_exchange_tp.py``. The body of each process is
-``sglang_cpu_tp.exchange_on_off_worker``.
+``sglang_dsa_mtp.test.cpu_tp.exchange_on_off_worker``.
 """
 
 import pytest

@@ -14,16 +14,16 @@ Arms:
   own ``fused_dsa_decode_metadata`` (loaded from SGLang's file by ``reference.metadata_module``) into a
   freshly allocated ``torch.empty`` scratch (bs x width page table, bs x cdiv(width, 64) compact table,
   length vectors), then a full-width copy of every scratch buffer into each step backend, one torch
-  ``copy_`` per buffer (``reference_cases.run_stock_draft_decode``). SGLang itself copies with its JIT
+  ``copy_`` per buffer (``metadata_cases.run_stock_draft_decode``). SGLang itself copies with its JIT
   CUDA kernels ``fused_metadata_copy_multi_cuda`` (step backends 0-2, one launch) and
-  ``fused_metadata_copy_cuda`` (each further one); those cannot be built on the GPU machine, which has
-  no SGLang dependencies. The copies here are their documented equivalent: the same bytes moved, in
+  ``fused_metadata_copy_cuda`` (each further one); those need SGLang's dependencies, which a machine running
+  from the wheel's files (``test/gpu_env.sh``) lacks. The copies here are their documented equivalent: the same bytes moved, in
   separate launches (1 + 6 per step backend, where SGLang makes 2 + (step backends - 3)), so this
   arm carries more launch gaps than SGLang's. ``stock foreach`` moves the same bytes with one
   ``torch._foreach_copy_`` over every (destination, source) pair
   (``run_stock_draft_decode(..., foreach=True)``), in fewer launches. At 4 step backends SGLang also
   refreshes the DeepGEMM paged-MQA schedule of step 3 (the spec's "plus, at 5/1/6, the step-3
-  schedule refresh"); DeepGEMM is not on the GPU machine either, so no stand-in is timed: the stock
+  schedule refresh"); DeepGEMM is one of those dependencies too, so no stand-in is timed: the stock
   arm at 4 step backends leaves that refresh out and understates SGLang's time by it. The per-step
   work both paths keep (FlashMLA metadata under ``flashmla_kv``, ``forward_metadata``) is not timed.
 * ``one launch``: ours, ``fused_dsa_draft_decode_metadata_multi`` into every step backend.
@@ -44,7 +44,6 @@ launch.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import traceback
 
@@ -54,8 +53,10 @@ import triton
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.test.bench_cli import (
     add_timing_arguments,
+    benchmark_parser,
     markdown_header,
     markdown_row,
+    measurements,
     parse_list,
     parse_tune,
     tunables,
@@ -111,14 +112,24 @@ def check_one_launch(case, outs) -> None:
                 raise AssertionError(f"one launch: step backend {i}'s {name} differs")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", default="3,4", help="draft step backends (1 to 4)")
-    parser.add_argument("--live", default="1024,65536", help="live KV lengths")
-    parser.add_argument("--bs", default="1,4,16")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"any of {ARMS}")
+def build_parser():
+    parser = benchmark_parser(__doc__)
+    parser.add_argument(
+        "--steps", default="3,4", help="draft step backends, comma-separated, each 1 to 4"
+    )
+    parser.add_argument(
+        "--live", default="1024,65536", help="live KV lengths in tokens, comma-separated"
+    )
+    parser.add_argument("--bs", default="1,4,16", help="batch sizes, comma-separated")
+    parser.add_argument(
+        "--arms", default=",".join(ARMS), help=f"arms to time, comma-separated, any of {ARMS}"
+    )
     add_timing_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_dsa_draft_decode_metadata needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -223,10 +234,9 @@ def main(argv=None) -> int:
     if args.json:
         write_json(
             args.json,
-            gpu=props.name,
-            launch_floor_us=launch,
-            copy_bytes_per_us=bandwidth,
-            points=records,
+            measurements(
+                gpu=props.name, launch_floor_us=launch, copy_bytes_per_us=bandwidth, points=records
+            ),
         )
     return 0
 

@@ -14,11 +14,17 @@ device-to-device copy bandwidth.
     python .../bench_dsa_metadata_bounded.py --host --live 1024 --bs 16
     # tuning sweep of our kernel's tunables:
     python .../bench_dsa_metadata_bounded.py --arms bounded --tune TILE_N=256,512 --tune budget=528,1056
+    # per-call time against the live length, 1k to 1M, drawn with the floors (matplotlib):
+    python .../bench_dsa_metadata_bounded.py --live 1024,4096,16384,65536,262144,1048576 --bs 1,16 \
+        --json sweep.json --plot sweep.png
+    # the same plot from an earlier run's --json file, on any machine (no GPU needed):
+    python .../bench_dsa_metadata_bounded.py --plot-from sweep.json --plot sweep.png
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
+import json
 import sys
 
 import torch
@@ -27,8 +33,10 @@ import triton
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.test.bench_cli import (
     add_timing_arguments,
+    benchmark_parser,
     markdown_header,
     markdown_row,
+    measurements,
     parse_list,
     parse_tune,
     tunables,
@@ -47,6 +55,9 @@ WIDTH = 1_048_640  # cdiv(WIDTH, 128) = 8193 column blocks
 PAGE = 64
 NEXT_N = 5
 OP_NAMES = {"decode": "decode", "verify": "target verify", "draft_extend": "draft extend"}
+ARMS = ("sglang", "sglang_kpool", "bounded")
+# The plot's curves: measurement key -> legend label.
+PLOTTED = {"sglang": "SGLang unbounded", "sglang_kpool": "SGLang KPool, kpool 1", "ours": "ours"}
 
 
 def bytes_moved(case) -> int:
@@ -69,22 +80,65 @@ def time_arm(case, arm, out, args, overrides=None) -> float:
         )
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", default="decode,verify,draft_extend")
-    parser.add_argument("--live", default="1024,65536", help="live KV lengths")
-    parser.add_argument("--bs", default="1,4,16")
-    parser.add_argument("--arms", default="sglang,sglang_kpool,bounded")
+def build_parser():
+    parser = benchmark_parser(__doc__)
+    parser.add_argument(
+        "--ops",
+        default="decode,verify,draft_extend",
+        help=f"ops to time, comma-separated, any of {tuple(OP_NAMES)}",
+    )
+    parser.add_argument(
+        "--live",
+        default="1024,65536",
+        help="live KV lengths in tokens, comma-separated, each at most the table width "
+        f"({WIDTH}) minus next_n; 1024,4096,16384,65536,262144,1048576 for the plot",
+    )
+    parser.add_argument("--bs", default="1,4,16", help="batch sizes, comma-separated")
+    parser.add_argument(
+        "--arms", default=",".join(ARMS), help=f"arms to time, comma-separated, any of {ARMS}"
+    )
     parser.add_argument(
         "--host", action="store_true", help="host us per call (wrapper + launch), not GPU time"
     )
     add_timing_arguments(parser)
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw per-call time against the live length, one panel per op and batch size, each "
+        "arm with the floors (needs matplotlib, the bench extra)",
+    )
+    parser.add_argument(
+        "--plot-from",
+        metavar="DATA.json",
+        help="with --plot: draw from an earlier run's --json file instead of running (no GPU)",
+    )
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.plot_from:
+        if not args.plot:
+            parser.error("--plot-from draws a plot: give --plot FILE.png")
+        with open(args.plot_from) as f:
+            save_plot(json.load(f), args.plot)
+        print(f"plot: {args.plot}")
+        return 0
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error(
+            "--plot needs matplotlib (the bench extra); or write --json here and draw it "
+            "elsewhere with --plot-from"
+        )
+    if args.host and (args.tune or args.plot):
+        parser.error("--host times the wrappers with our default tunables; drop --tune and --plot")
+    if not set(args.ops.split(",")) <= set(OP_NAMES):
+        parser.error(f"--ops takes a comma-separated subset of {tuple(OP_NAMES)}, got {args.ops!r}")
+    if not set(args.arms.split(",")) <= set(ARMS):
+        parser.error(f"--arms takes a comma-separated subset of {ARMS}, got {args.arms!r}")
     if not torch.cuda.is_available():
         print("bench_dsa_metadata_bounded needs a CUDA GPU", file=sys.stderr)
         return 2
-    if args.host and args.tune:
-        parser.error("--host times the wrappers with our default tunables; drop --tune")
 
     ops, lives, batch_sizes = args.ops.split(","), parse_list(args.live), parse_list(args.bs)
     arms = args.arms.split(",")
@@ -149,15 +203,80 @@ def main(argv=None) -> int:
                     cells += [f"{floor:.1f}", f"{min(ours) / floor:.2f}" if ours else "-"]
                 print(markdown_row(cells), flush=True)
                 records.append(dict(op=op, live=live, bs=bs, floor_us=floor, **row))
+    record = measurements(
+        gpu=props.name,
+        launch_floor_us=launch,
+        copy_bytes_per_us=bandwidth,
+        timing="host" if args.host else "cuda graph",
+        l2="hot" if args.hot_l2 else "cold",
+        width=WIDTH,
+        page=PAGE,
+        next_n=NEXT_N,
+        points=records,
+    )
     if args.json:
-        write_json(
-            args.json,
-            gpu=props.name,
-            launch_floor_us=launch,
-            copy_bytes_per_us=bandwidth,
-            points=records,
-        )
+        write_json(args.json, record)
+    if args.plot:
+        save_plot(record, args.plot)
+        print(f"plot: {args.plot}")
     return 0
+
+
+def _live_label(live: int) -> str:
+    return f"{live >> 20}M" if live >= 1 << 20 else f"{live >> 10}k"
+
+
+def plot_sweep(record: dict):
+    """A matplotlib Figure of ``record`` (what ``--json`` writes): one panel per op (rows) and
+    batch size (columns), microseconds per call against the live KV length on log axes, a curve
+    per arm of ``PLOTTED`` that was measured, the floor of each point (launch gap + bytes /
+    bandwidth, dashed) and the launch gap alone (dotted)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    if record.get("timing", "cuda graph") != "cuda graph":
+        raise ValueError("the plot shows GPU time per call; this file holds --host times")
+    points = record["points"]
+    ops = [op for op in OP_NAMES if any(p["op"] == op for p in points)]
+    batch_sizes = sorted({p["bs"] for p in points})
+    if not ops:
+        raise ValueError("no points to plot")
+    fig = Figure(figsize=(4.8 * len(batch_sizes), 3.4 * len(ops)), layout="constrained")
+    axes = fig.subplots(len(ops), len(batch_sizes), squeeze=False, sharex=True, sharey="row")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    sparse = FuncFormatter(lambda value, _: f"{value:g}" if f"{value:g}"[0] in "25" else "")
+    for row, op in enumerate(ops):
+        for col, bs in enumerate(batch_sizes):
+            ax = axes[row][col]
+            series = [p for p in points if p["op"] == op and p["bs"] == bs]
+            series.sort(key=lambda p: p["live"])
+            lives = [p["live"] for p in series]
+            for key, label in PLOTTED.items():
+                if series and all(key in p for p in series):
+                    ax.plot(lives, [p[key] for p in series], marker="o", label=label)
+            floors = [p["floor_us"] for p in series]
+            ax.plot(lives, floors, "k--", label="floor: launch gap + bytes / bandwidth")
+            ax.axhline(record["launch_floor_us"], color="gray", linestyle=":", label="launch gap")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(sparse)
+            ax.set_xticks(lives, [_live_label(live) for live in lives])
+            ax.set_title(f"{OP_NAMES[op]}, bs {bs}")
+            ax.grid(True, which="both", alpha=0.3)
+            if col == 0:
+                ax.set_ylabel("us per call")
+            if row == len(ops) - 1:
+                ax.set_xlabel("live KV length (tokens)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels))
+    l2 = f", {record['l2']} L2" if "l2" in record else ""
+    fig.suptitle(f"DSA replay metadata per call, CUDA-graph replays, {record['gpu']}{l2}")
+    return fig
+
+
+def save_plot(record: dict, path: str) -> None:
+    plot_sweep(record).savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ Arms, per rank:
   (``GroupCoordinator.all_gather(dim=-1)``: NCCL ``all_gather_into_tensor`` + the reorder copy) +
   ``[:, :vocab]`` to fp32 + SGLang's own ``draft_topk1_postprocess`` (loaded from its file).
 * ``gather fp32``: the same with the logits converted to fp32 before the all-gather (as with an fp32
-  LM head), for comparison with ``shared/baselines``.
+  LM head), for comparison with ``docs/baselines.md``.
 * ``exchange``: GEMM + ``draft_argmax_partials`` + the sum all-reduce + ``draft_argmax_finalize``
   (positions advanced, the draft-token column written, as in draft decode).
 * ``GEMM + all-reduce``: the exchange without our kernels: the GEMM, then the all-reduce of an
@@ -39,7 +39,6 @@ the spread of two more medians (the all-reduce alone is the noisiest arm). Befor
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -53,7 +52,13 @@ import triton
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
 from sglang_dsa_mtp.test import argmax_cases as cases
 from sglang_dsa_mtp.test import gpu_tp
-from sglang_dsa_mtp.test.bench_cli import markdown_header, markdown_row, parse_list, tunables
+from sglang_dsa_mtp.test.bench_cli import (
+    benchmark_parser,
+    markdown_header,
+    markdown_row,
+    parse_list,
+    tunables,
+)
 from sglang_dsa_mtp.test.process_group import run_group
 from sglang_dsa_mtp.test.reference import topk1_module
 from sglang_dsa_mtp.test.timing import capture_graph, replay_us
@@ -63,21 +68,41 @@ SLEEP_CYCLES = 2_000_000  # ~1 ms at 2 GHz: both hosts enqueue the timed replay 
 TARGET_US = 5.0
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-gpu", type=int, default=None, help="TP size (default: all GPUs)")
-    parser.add_argument("--rows", default="1,2,4,8,16")
-    parser.add_argument("--vocab", type=int, default=cases.VOCAB)
-    parser.add_argument("--hidden", type=int, default=cases.HIDDEN)
-    parser.add_argument("--comm", default=",".join(COMMS), help=f"any of {COMMS}")
+def build_parser():
+    parser = benchmark_parser(__doc__)
+    parser.add_argument(
+        "--num-gpu",
+        type=int,
+        default=None,
+        help="TP size, one process per GPU (default: all visible GPUs; under torchrun: its world)",
+    )
+    parser.add_argument(
+        "--rows", default="1,2,4,8,16", help="draft rows (batch size x 1), comma-separated"
+    )
+    parser.add_argument("--vocab", type=int, default=cases.VOCAB, help="vocabulary size")
+    parser.add_argument("--hidden", type=int, default=cases.HIDDEN, help="hidden size")
+    parser.add_argument(
+        "--comm",
+        default=",".join(COMMS),
+        help=f"all-reduces to time, comma-separated: nccl, optionally with {COMMS[1]}",
+    )
     parser.add_argument(
         "--split-n",
         default=str(dap.SPLIT_N),
         help="partials split width(s), comma-separated; the first one is the headline exchange",
     )
-    parser.add_argument("--calls", type=int, default=10)
-    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument(
+        "--calls", type=int, default=10, help="calls captured back to back in one CUDA graph"
+    )
+    parser.add_argument(
+        "--replays", type=int, default=30, help="timed rounds; each figure is their median"
+    )
     parser.add_argument("--json", help="write every measurement to this file (rank 0)")
+    return parser
+
+
+def parse_args(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.rows = parse_list(args.rows)
     args.split_n = parse_list(args.split_n)

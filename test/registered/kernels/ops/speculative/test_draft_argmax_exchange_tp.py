@@ -1,10 +1,11 @@
 """The draft argmax exchange in a real TP group: one process per visible GPU, torch.distributed NCCL.
 
-What runs where: this module needs two or more CUDA GPUs (``nvidia-h200-x2``: TP 2; 4 or 8 GPUs give
-TP 4 or 8, the TP size follows ``torch.cuda.device_count()``) and only torch, triton, this package
+What runs where: this module needs two or more CUDA GPUs (2 GPUs: TP 2; 4 or 8 GPUs give TP 4 or 8,
+the TP size follows ``torch.cuda.device_count()``) and only torch, triton, this package
 and SGLang 0.5.23's files (for ``draft_topk1_postprocess``, loaded by file path). SGLang's own
-``LogitsProcessor`` forward with the exchange on and off cannot run there (SGLang's dependencies are
-not installed on the GPU machine); that part is tested in a CPU process group where SGLang imports.
+``LogitsProcessor`` forward with the exchange on and off needs SGLang's dependencies, which a GPU
+machine set up from the wheel (``test/gpu_env.sh``) lacks; that part is tested in a CPU process
+group where SGLang imports.
 
 Each rank (``sglang_dsa_mtp.test.gpu_tp.exchange_tp_worker``): a real bf16 LM-head GEMM of shared random hidden
 states (hidden 6144) against its own weight shard, for vocab 154880, 129281 and 1001 (SGLang's padded
@@ -20,7 +21,8 @@ shards; the padded columns hold +inf / NaN / 1e30 and the rows carry the hard pa
 
 Two all-reduces: NCCL through ``torch.distributed.all_reduce``, and torch symmetric memory's
 one-shot all-reduce (P2P, no multicast), skipped with its reason where torch cannot set it up.
-NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 on the GPU machine are left as they are.
+Environment settings such as NCCL_NVLS_ENABLE=0 or TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are left as they
+are.
 """
 
 import pytest

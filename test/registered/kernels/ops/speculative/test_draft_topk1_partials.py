@@ -7,7 +7,7 @@ would), and ``draft_argmax_finalize`` must give what the gathered path gives on 
 ``nan_policy="sanitize"``) or through ``torch.argmax`` (``"propagate"``): tokens, topk_p, positions
 and the draft-token buffer, compared whole (draft tokens start poisoned).
 
-The rows carry ``draft_argmax_cases.PATTERNS`` (ties inside a split / across splits / across ranks,
+The rows carry ``argmax_cases.PATTERNS`` (ties inside a split / across splits / across ranks,
 NaN before and after the maximum, all-NaN, +inf, all -inf, -0.0 vs +0.0, fp32 -1e30 and its
 neighbours vs NaN, ...) over random values, and the vocab padding holds +inf / NaN / 1e30.
 
@@ -449,7 +449,7 @@ def test_emulated_exchange_in_a_cuda_graph(tp_size):
 
 
 def test_the_self_check_passes_on_this_device():
-    """CPU here (small, through the interpreter); the GPU on the device machine (vocab 154880, timed)."""
+    """CPU here (small, through the interpreter); on a CUDA GPU, vocab 154880, timed."""
     from sglang_dsa_mtp import selfcheck
     from sglang_dsa_mtp.devices import select_device
 

@@ -1,0 +1,56 @@
+"""Every message the plugin logs starts with ``sglang_dsa_mtp:``: SGLang's server log format
+(``[time TP0] message``) prints no logger name, so the prefix is what finds our lines there."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import sglang_dsa_mtp
+
+PACKAGE = Path(sglang_dsa_mtp.__file__).parent
+LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
+
+
+def log_messages(path: Path) -> list[tuple[int, object]]:
+    """(line, message) of each ``log_once(level, key, msg, ...)`` and ``logger.<level>(msg, ...)``
+    call in ``path``; the message is the literal string, or its AST node when it is not one."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "log_once" and len(node.args) >= 3:
+            message = node.args[2]
+        elif (
+            isinstance(func, ast.Attribute)
+            and func.attr in LEVELS
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "logger"
+            and node.args
+        ):
+            message = node.args[0]
+        else:
+            continue
+        literal = isinstance(message, ast.Constant) and isinstance(message.value, str)
+        found.append((node.lineno, message.value if literal else message))
+    return found
+
+
+SOURCES = [
+    path
+    for path in sorted(PACKAGE.rglob("*.py"))
+    if "test" not in path.relative_to(PACKAGE).parts and log_messages(path)
+]
+
+
+def test_the_plugin_logs_from_several_files():
+    names = {path.name for path in SOURCES}
+    assert {"plugin.py", "switches.py", "dsa_metadata_selection.py"} <= names
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_every_log_message_starts_with_the_plugin_name(path):
+    for line, message in log_messages(path):
+        assert isinstance(message, str), f"{path.name}:{line}: the message is not a literal"
+        assert message.startswith("sglang_dsa_mtp: "), f"{path.name}:{line}: {message!r}"

@@ -1,0 +1,55 @@
+"""The benchmarks' shared command-line helpers: defaults in the help, and the ``--json`` record."""
+
+import json
+
+from sglang_dsa_mtp.test.bench_cli import (
+    SPEC_EPILOG,
+    benchmark_parser,
+    measurements,
+    write_json,
+)
+
+DOC = """Title line.
+
+What it measures,
+over two lines.
+
+Usage, not in the help."""
+
+
+def test_the_help_shows_defaults_but_not_for_flags_or_options_without_one():
+    parser = benchmark_parser(DOC)
+    parser.add_argument("--bs", default="1,16", help="batch sizes")
+    parser.add_argument("--zero", type=int, default=0, help="a zero default")
+    parser.add_argument("--hot", action="store_true", help="a flag")
+    parser.add_argument("--json", help="an output file")
+    parser.add_argument("--tune", action="append", default=[], help="repeatable")
+    parser.add_argument("--own", default="x", help="states it (default: all of them)")
+    text = " ".join(parser.format_help().split())
+    assert "batch sizes (default: 1,16)" in text
+    assert "a zero default (default: 0)" in text
+    assert "a flag (default" not in text and "an output file (default" not in text
+    assert "repeatable (default" not in text
+    assert "states it (default: all of them)" in text and "(default: x)" not in text
+
+
+def test_the_description_is_the_first_two_paragraphs_and_the_epilog_names_the_spec():
+    help_text = benchmark_parser(DOC).format_help()
+    assert "Title line.\n\nWhat it measures,\nover two lines." in help_text
+    assert "Usage, not in the help." not in help_text
+    assert " ".join(SPEC_EPILOG.split()) in " ".join(help_text.split())
+
+
+def test_the_json_record_holds_the_floors_the_settings_and_every_point(tmp_path):
+    points = [{"op": "decode", "live": 1024, "bs": 1, "floor_us": 1.1, "ours": 2.0}]
+    record = measurements(
+        gpu="GPU", launch_floor_us=1.0, copy_bytes_per_us=4e6, l2="cold", points=points
+    )
+    write_json(str(tmp_path / "out.json"), record)
+    assert json.loads((tmp_path / "out.json").read_text()) == {
+        "gpu": "GPU",
+        "launch_floor_us": 1.0,
+        "copy_bytes_per_us": 4e6,
+        "l2": "cold",
+        "points": points,
+    }

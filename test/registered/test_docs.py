@@ -1,0 +1,98 @@
+"""The repository speaks to its users: every file the docs cite is in the repository, no path of a
+particular machine or name of a remote-execution setup, "the spec" says what it is, and the SGLang
+wheel folder is ignored by git."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+SKIPPED_DIRS = {".git", ".whl", "build", "__pycache__", ".pytest_cache", ".ruff_cache"}
+# Recorded tool output kept as it was printed (pytest's header names the checkout it ran in).
+RECORDS = {".log", ".json"}
+FORBIDDEN = (
+    "../shared",
+    "shared/baselines",
+    "/work/",
+    "device tool",
+    "device kind",
+    "device machine",
+    "nvidia-h200",
+    "carry `[",
+    '"carry"',
+)
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CITED_PATH = re.compile(r"`((?:python|test|docs|benchmark|\.ci)/[^`\s*]+)`")
+
+
+def repo_files(*suffixes: str) -> list[Path]:
+    return sorted(
+        path
+        for path in ROOT.rglob("*")
+        if path.is_file()
+        and path.suffix in suffixes
+        and not SKIPPED_DIRS.intersection(path.relative_to(ROOT).parts[:-1])
+        and not any(part.endswith(".egg-info") for part in path.parts)
+    )
+
+
+MARKDOWN = repo_files(".md")
+
+
+def anchors(markdown: Path) -> set[str]:
+    """GitHub's heading anchors of ``markdown``."""
+    headings = re.findall(r"^#+\s+(.*?)\s*$", markdown.read_text(), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_the_docs_are_found():
+    names = {path.relative_to(ROOT).as_posix() for path in MARKDOWN}
+    assert {"README.md", "docs/testing.md", "docs/spec.md", "docs/baselines.md"} <= names
+
+
+@pytest.mark.parametrize("doc", MARKDOWN, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_resolves_to_a_file_in_the_repository(doc):
+    for target in LINK.findall(doc.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (doc.parent / path).resolve() if path else doc
+        assert resolved.is_relative_to(ROOT.resolve()), f"{target} leaves the repository"
+        assert resolved.exists(), f"{target} does not exist"
+        if anchor and resolved.suffix == ".md":
+            assert anchor in anchors(resolved), f"{target}: no heading #{anchor}"
+
+
+@pytest.mark.parametrize("doc", MARKDOWN, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_repository_path_the_docs_cite_exists(doc):
+    for cited in CITED_PATH.findall(doc.read_text()):
+        assert (ROOT / cited.rstrip("/.,:")).exists(), f"{doc.name} cites {cited}"
+
+
+def test_no_machine_paths_or_remote_execution_names():
+    """In docs, READMEs, scripts, docstrings and help text (the repository's text files but the
+    recorded tool output under docs/data)."""
+    this = Path(__file__).resolve()
+    found = []
+    for path in repo_files(".md", ".py", ".sh", ".toml", ".cfg", ".txt", ".yaml", ".json", ".log"):
+        if path.resolve() == this or path.suffix in RECORDS and "data" in path.parts:
+            continue
+        text = path.read_text()
+        found += [f"{path.relative_to(ROOT)}: {word}" for word in FORBIDDEN if word in text]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [path for path in MARKDOWN if path.name != "spec.md" and "data" not in path.parts],
+    ids=lambda p: p.relative_to(ROOT).as_posix(),
+)
+def test_docs_that_speak_of_the_spec_link_to_what_it_is(doc):
+    text = doc.read_text()
+    if re.search(r"\bthe spec\b|\bthis PR\b", text, flags=re.I):
+        assert re.search(r"\]\([./]*(docs/)?spec\.md\)", text), f"{doc.name} says 'the spec'"
+
+
+def test_the_sglang_wheel_folder_is_ignored_by_git():
+    assert ".whl/" in (ROOT / ".gitignore").read_text().splitlines()

@@ -27,6 +27,15 @@ def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _live_width_engagement(device: torch.device) -> str:
+    from sglang_dsa_mtp.integration.dsa_indexer_live_logits import engagement
+
+    if device.type != "cuda":
+        return engagement(None)
+    props = torch.cuda.get_device_properties(device)
+    return engagement(props.multi_processor_count, sm100=props.major == 10)
+
+
 def main() -> int:
     # First, before anything defines a Triton kernel: on a machine without CUDA this sets
     # TRITON_INTERPRET=1, so the imports below (SGLang, the self-checks' kernels) come after it.
@@ -70,6 +79,7 @@ def main() -> int:
             why_not.append(blocker)
         feature_rows.append((feature, "no" if why_not else "yes", "; ".join(why_not)))
     _print_table(feature_rows, header=("feature", "engages here", "why not"))
+    print(f"  {_live_width_engagement(device)}\n")
 
     results = selfcheck.run_checks(device)
     if not results:

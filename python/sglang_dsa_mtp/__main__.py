@@ -1,7 +1,8 @@
 """``python -m sglang_dsa_mtp``: what the plugin would do on this machine, then the kernel self-checks.
 
 Prints SGLang's version, whether SGLang's plugin loader picks this package up, the kill switches,
-whether each feature would engage here and why not, and one row per kernel self-check. The exit
+whether each feature would engage here and why not, from how many running requests the live-width
+indexer logits engage on this GPU, and one row per kernel self-check. The exit
 status is 1 when a self-check fails.
 """
 

@@ -1,7 +1,8 @@
 """``python -m sglang_dsa_mtp``: what the plugin would do on this machine, then the kernel self-checks.
 
 Prints SGLang's version, whether SGLang's plugin loader picks this package up, the kill switches,
-whether each feature would engage here and why not, and one row per kernel self-check
+whether each feature would engage here and why not, from how many running requests the live-width
+indexer logits engage on this GPU, and one row per kernel self-check
 (``--no-checks`` skips them). The exit status is 0 when every kill-switch value is valid and every
 self-check passes, 1 when a value is invalid or a check fails, and 2 on a bad command line.
 
@@ -117,8 +118,18 @@ def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _print_status(device_note: str) -> None:
-    """The SGLang, loader and device lines, the kill switches and the features."""
+def _live_width_engagement(device: torch.device) -> str:
+    from sglang_dsa_mtp.integration.dsa_indexer_live_logits import engagement
+
+    if device.type != "cuda":
+        return engagement(None)
+    props = torch.cuda.get_device_properties(device)
+    return engagement(props.multi_processor_count, sm100=props.major == 10)
+
+
+def _print_status(device: torch.device, device_note: str) -> None:
+    """The SGLang, loader and device lines, the kill switches, the features, and from how many
+    running requests the live-width indexer logits engage here."""
     from sglang_dsa_mtp import plugin
     from sglang_dsa_mtp.switches import SWITCHES
 
@@ -153,6 +164,7 @@ def _print_status(device_note: str) -> None:
             why_not.append(blocker)
         feature_rows.append((feature, "no" if why_not else "yes", "; ".join(why_not)))
     _print_table(feature_rows, header=("feature", "engages here", "why not"))
+    print(f"  {_live_width_engagement(device)}\n")
 
 
 def _run_checks(device: torch.device, device_note: str) -> list[str]:
@@ -186,7 +198,7 @@ def main(argv: Sequence[str] = ()) -> int:
     )
     with log_to_screen():
         with quiet_sglang_import():
-            _print_status(device_note)
+            _print_status(device, device_note)
         from sglang_dsa_mtp.switches import SWITCHES
 
         problems = [error for error in (s.value_error() for s in SWITCHES) if error]

@@ -25,6 +25,7 @@ from sglang_dsa_mtp.integration.log import logger
 from sglang_dsa_mtp.switches import (
     BOUNDED_REPLAY_METADATA,
     DRAFT_ARGMAX_EXCHANGE,
+    LIVE_WIDTH,
     SWITCHES,
     KillSwitch,
 )
@@ -69,8 +70,11 @@ _EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
 _DRAFT_EXTEND_RUNNER = (
     "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner"
 )
+_DSA_INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer"
+_PAGED_MQA_LOGITS = "sglang.kernels.ops.attention.dsa.paged_mqa_logits"
 _EXCHANGE = "sglang_dsa_mtp.integration.draft_argmax_exchange"
 _EAGLE_PICK = "sglang_dsa_mtp.integration.eagle_draft_argmax"
+_LIVE_LOGITS = "sglang_dsa_mtp.integration.dsa_indexer_live_logits"
 
 # Every effect this plugin has on SGLang: (switch, SGLang target, hook type, our hook).
 HOOKS: tuple[PluginHook, ...] = (
@@ -134,6 +138,20 @@ HOOKS: tuple[PluginHook, ...] = (
         f"{_EAGLE_V2}._draft_extend_for_decode",
         HookType.AROUND,
         f"{_EAGLE_PICK}:draft_extend_for_decode",
+    ),
+    # Live width: indexer logits of more rows than SMs are joined live columns only, not by a
+    # full-width concat; the copy kernel is compiled when the indexer is built.
+    PluginHook(
+        LIVE_WIDTH,
+        f"{_PAGED_MQA_LOGITS}.deepgemm_paged_mqa_logits_split",
+        HookType.AROUND,
+        f"{_LIVE_LOGITS}:live_width_split",
+    ),
+    PluginHook(
+        LIVE_WIDTH,
+        f"{_DSA_INDEXER}.__init__",
+        HookType.AFTER,
+        f"{_LIVE_LOGITS}:warm_up_live_logits",
     ),
 )
 

@@ -47,6 +47,7 @@ CHECKS: tuple[SelfCheck, ...] = (
     SelfCheck(
         "draft argmax partials + finalize", f"{_CASES}.argmax_cases:check_draft_argmax_exchange"
     ),
+    SelfCheck("live-width indexer logits (chunked)", f"{_CASES}.indexer_cases:check_live_logits"),
 )
 
 

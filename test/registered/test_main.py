@@ -63,6 +63,7 @@ def test_the_command_reports_sglang_the_loader_the_switches_and_the_features():
         assert f"{switch.env}" in out and switch.feature in out
     if cuda_blocker():
         assert cuda_blocker() in out, "each feature says why it would not engage here"
+    assert "live_width engages where the DSA indexer's logits have more rows than" in out
 
 
 def test_the_screen_shows_no_sglang_import_warnings():

@@ -1,9 +1,11 @@
-"""Load SGLang 0.5.23's own pure-Triton kernels by file path, as the references ours must match.
+"""Load SGLang 0.5.23's own code by file path, as the references ours must match.
 
 Importing ``sglang.kernels...`` normally runs ``sglang/__init__.py`` and pulls SGLang's heavy
 dependencies, which a CUDA machine running from the wheel's files (``test/gpu_env.sh``) does not
-have. These helpers find the installed (or unzipped)
-``sglang`` package without importing it and execute single kernel files under private module names.
+have. These helpers find the installed (or unzipped) ``sglang`` package without importing it and
+execute single kernel files under private module names (:func:`load_sglang_file`), or single
+functions of a file whose imports cannot run there (:func:`sglang_function`: the function's own
+source, compiled against SGLang's file, with the globals the caller names).
 
 On a CPU machine SGLang's wrappers ``assert tensor.is_cuda``; ``strip_asserts=True`` compiles the
 file with ``optimize=1`` (as ``python -O`` would), so the same wrapper and kernel run on CPU tensors
@@ -11,7 +13,9 @@ under ``TRITON_INTERPRET=1``. Nothing else about the reference changes.
 """
 
 from __future__ import annotations
+import __future__
 
+import ast
 import importlib.util
 import sys
 import types
@@ -80,3 +84,41 @@ def topk1_module(*, strip_asserts: bool = False) -> types.ModuleType:
     on gathered logits (its asserts check shapes and strides only, so it runs on CPU tensors as is).
     """
     return load_sglang_file("kernels/ops/speculative/topk1.py", strip_asserts=strip_asserts)
+
+
+def sglang_function(relpath: str, qualname: str, namespace: dict, *, closure: dict | None = None):
+    """SGLang's function ``qualname`` (``f``, ``Class.method`` or ``Class.method.inner``) from
+    ``sglang/<relpath>``, compiled from its own source (tracebacks show SGLang's file and lines)
+    with ``namespace`` as its module globals; nothing else of the file runs.
+
+    A nested function (a closure) needs ``closure``: its free variables by name, bound as the
+    enclosing function would bind them. A method comes back as a plain function taking ``self``.
+    """
+    path = sglang_root() / relpath
+    tree = ast.parse(path.read_text(), str(path))
+    node, body = None, tree.body
+    for name in qualname.split("."):
+        node = next(
+            (n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == name),
+            None,
+        )
+        if node is None:
+            raise LookupError(f"{qualname} is not defined in sglang/{relpath}")
+        body = node.body
+    if not isinstance(node, ast.FunctionDef):
+        raise TypeError(f"{qualname} in sglang/{relpath} is not a function")
+    if closure is None:
+        module = ast.Module(body=[node], type_ignores=[])
+    else:  # def _enclosing(<free variables>): <the function>; return <the function>
+        module = ast.parse(f"def _enclosing({', '.join(closure)}):\n    return {node.name}")
+        module.body[0].body.insert(0, node)
+    code = compile(
+        ast.fix_missing_locations(module),
+        str(path),
+        "exec",
+        flags=__future__.annotations.compiler_flag,
+        dont_inherit=True,
+    )
+    scope = dict(namespace)
+    exec(code, scope)
+    return scope[node.name] if closure is None else scope["_enclosing"](**closure)

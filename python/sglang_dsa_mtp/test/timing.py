@@ -3,7 +3,8 @@
 The method of docs/baselines.md: CUDA-graph replays after a warm-up, medians, optionally a cold L2
 (:func:`cuda_graph_time_us`); host time per call of a Python-level launch (:func:`host_times_us`);
 and the floors printed beside every figure: the launch gap of a one-element kernel in a graph
-(:func:`launch_floor_us`) and the device-to-device copy bandwidth (:func:`copy_bandwidth_bytes_per_us`).
+(:func:`launch_floor_us`) and the device-to-device copy bandwidth (:func:`copy_bandwidth_bytes_per_us`);
+and the CUDA-graph memory pool one call holds at its peak (:func:`graph_pool_peak_bytes`).
 """
 
 from __future__ import annotations
@@ -119,3 +120,19 @@ def copy_bandwidth_bytes_per_us() -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0)
     return 2 * src.numel() / statistics.median(times)
+
+
+def graph_pool_peak_bytes(fn: Callable[[], object]) -> int:
+    """Peak bytes allocated while one call of ``fn`` is captured in a CUDA graph: what the call needs
+    of the graph's memory pool. ``fn`` runs once eagerly first (compiles, lazy buffers)."""
+    fn()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    peak = torch.cuda.max_memory_allocated() - base
+    del graph
+    torch.cuda.synchronize()
+    return peak

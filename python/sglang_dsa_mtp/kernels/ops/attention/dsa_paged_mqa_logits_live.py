@@ -1,0 +1,260 @@
+"""Chunked paged-MQA logits gathered into one output, live columns only.
+
+SGLang 0.5.23's DSA indexer (``Indexer._get_topk_paged``) computes the paged-MQA logits of more rows
+than the SM count in chunks of ``sm_count`` rows (its closure ``_chunked_fp8_paged_mqa_logits``) and
+joins them with ``torch.cat``: a full-width copy, ``rows x max_len`` fp32 read and written (1,048,640
+columns at the default 1M context), although DeepGEMM wrote only each row's live columns and the
+top-k that follows reads only ``[0, length)`` of each row.
+
+:func:`chunked_paged_mqa_logits_live` computes the same chunks with the same logits function and
+chunk schedules, and after each chunk :func:`copy_live_logits` copies only that chunk's live columns
+into one ``[rows, max_len]`` fp32 output (contiguous, like ``torch.cat``'s). The chunk is released
+before the next one is computed, so the memory held per call is the output plus one chunk, where the
+concat holds every chunk plus the output.
+
+Live columns of a row: ``[0, min(max_len, 64 * cdiv(length, 64)))``, ``length`` the row's context
+length (the ``context_lens`` the logits function received), read on the device at run time: whole
+64-token KV blocks, the granularity DeepGEMM's SM90 and SM100 kernels write. They cover every column
+the top-k reads (``[0, length)``); the other columns of the output are left unwritten, as DeepGEMM
+leaves them in its own output with ``clean_logits=False``.
+
+The copy's grid is ``chunk rows x splits`` with ``splits = max(1, min(budget // rows, MAX_SPLITS_PER_ROW,
+cdiv(max_len, TILE_N)))``: it depends on (rows, max_len, budget), never on the lengths, so a CUDA
+graph captured once serves every replay. The kernel has one compiled variant per device, which
+:func:`warm_up` builds; the wrapper accepts only arguments of that variant (fp32 logits, 16-byte
+aligned, row strides and width multiples of 16, int32 lengths), so the serving path never compiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import default_budget
+from sglang_dsa_mtp.kernels.ops.host import cdiv
+
+LIVE_BLOCK = 64  # live columns are whole KV blocks of this many tokens (DeepGEMM's BLOCK_KV)
+TILE_N = 1024  # columns one program moves per loop iteration
+MAX_SPLITS_PER_ROW = 64
+NUM_WARPS = 4
+NUM_STAGES = 2
+ALIGN = 16  # elements: row strides and the width must be multiples (one compiled variant)
+
+_warm_devices: set[int] = set()
+
+
+def live_num_splits(rows: int, width: int, budget: int) -> int:
+    """Programs per row: depends only on (rows, width, budget), never on the live lengths."""
+    return max(1, min(budget // rows, MAX_SPLITS_PER_ROW, cdiv(width, TILE_N)))
+
+
+@triton.jit(do_not_specialize=["lengths", "lengths_stride", "row_start", "num_splits"])
+def _copy_live_logits_kernel(
+    src,
+    dst,
+    lengths,
+    src_stride,
+    dst_stride,
+    lengths_stride,
+    width,
+    row_start,
+    num_splits,
+    LIVE_BLOCK: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = pid // num_splits
+    split = pid - row * num_splits
+    out_row = row_start + row
+    length = tl.load(lengths + out_row.to(tl.int64) * lengths_stride)
+    length = tl.minimum(tl.maximum(length, 0), width)
+    # Whole live KV blocks, the last one masked by the width.
+    live_end = tl.minimum(tl.cdiv(length, LIVE_BLOCK) * LIVE_BLOCK, width)
+    src_row = src + row.to(tl.int64) * src_stride
+    dst_row = dst + out_row.to(tl.int64) * dst_stride
+    for tile in tl.range(split, tl.cdiv(live_end, TILE_N), num_splits, num_stages=NUM_STAGES):
+        offs = tile * TILE_N + tl.arange(0, TILE_N)
+        mask = offs < live_end
+        tl.store(dst_row + offs, tl.load(src_row + offs, mask=mask), mask=mask)
+
+
+def copy_live_logits(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    row_start: int = 0,
+    budget: Optional[int] = None,
+) -> None:
+    """``dst[row_start + r, c] = src[r, c]`` for every row ``r`` of ``src`` and every live column
+    ``c < min(width, 64 * cdiv(lengths[row_start + r], 64))``; nothing else of ``dst`` is written.
+
+    ``src``: ``[rows, width]`` fp32 logits (unit column stride; the row stride may exceed the width,
+    as in DeepGEMM's padded output). ``dst``: ``[>= row_start + rows, width]`` fp32. ``lengths``: int32,
+    ``[>= row_start + rows]`` or ``[>= row_start + rows, 1]``, read on the device (negative counts as
+    0, past the width as the width). ``budget``: the most programs one launch may use (at least one
+    per row); None uses 8 per SM (64 on the CPU).
+    """
+    rows, width = _check_copy(src, dst, lengths, row_start, budget)
+    if rows == 0 or width == 0:
+        return
+    budget = default_budget(src.device) if budget is None else budget
+    num_splits = live_num_splits(rows, width, budget)
+    _copy_live_logits_kernel[(rows * num_splits,)](
+        src,
+        dst,
+        lengths,
+        _row_stride(src),
+        _row_stride(dst),
+        lengths.stride(0),
+        width,
+        row_start,
+        num_splits,
+        LIVE_BLOCK=LIVE_BLOCK,
+        TILE_N=TILE_N,
+        NUM_STAGES=NUM_STAGES,
+        num_warps=NUM_WARPS,
+    )
+
+
+def chunked_paged_mqa_logits_live(
+    logits_fn: Callable[..., torch.Tensor],
+    schedule_fn: Callable[[torch.Tensor, int, int], torch.Tensor],
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_len: int,
+    *,
+    chunk_rows: int,
+    block_kv: int,
+    budget: Optional[int] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The paged-MQA logits of ``q`` (``[rows, 1, heads, dim]``), chunk by chunk, into one output.
+
+    Chunks are SGLang's: rows ``[start, start + chunk_rows)``, each computed by
+    ``logits_fn(q[s:e], kv_cache, weights[s:e], context_lens[s:e], block_table[s:e],
+    schedule_fn(context_lens[s:e], block_kv, chunk_rows), max_len, clean_logits=False)``. Returns
+    ``out`` (default: a new contiguous ``[rows, max_len]`` fp32 tensor, the shape and layout of
+    ``torch.cat``'s) with the chunks' live columns (see the module docstring) copied in, bit for
+    bit; its other columns are not written.
+    """
+    if q.dim() != 4 or q.shape[1] != 1:
+        raise ValueError(
+            f"q must be [rows, 1, heads, dim] (one token per row), got {tuple(q.shape)}"
+        )
+    if not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+    rows = q.shape[0]
+    if out is None:
+        out = torch.empty((rows, max_len), dtype=torch.float32, device=q.device)
+    elif tuple(out.shape) != (rows, max_len):
+        raise ValueError(
+            f"out must be [rows, max_len] = [{rows}, {max_len}], got {tuple(out.shape)}"
+        )
+    for start in range(0, rows, chunk_rows):
+        end = min(start + chunk_rows, rows)
+        chunk_lens = context_lens[start:end]
+        chunk = logits_fn(
+            q[start:end],
+            kv_cache,
+            weights[start:end],
+            chunk_lens,
+            block_table[start:end],
+            schedule_fn(chunk_lens, block_kv, chunk_rows),
+            max_len,
+            clean_logits=False,
+        )
+        copy_live_logits(chunk, out, context_lens, row_start=start, budget=budget)
+        del chunk  # back to the allocator (or the graph pool) before the next chunk
+    return out
+
+
+def warm_up(device: torch.device) -> None:
+    """Compile the copy kernel for ``device`` (its only variant), so no call compiles later."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        device = torch.device("cuda", index)
+    src = torch.zeros((2, ALIGN * 4), dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    lengths = torch.full((2, 1), ALIGN * 4, dtype=torch.int32, device=device)
+    copy_live_logits(src, dst, lengths, budget=2)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        _warm_devices.add(device.index)
+
+
+def is_warm(device: torch.device) -> bool:
+    """Whether calls on ``device`` run without compiling: :func:`warm_up` ran for a CUDA device; on
+    the CPU, Triton's interpreter never compiles."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return True
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return index in _warm_devices
+
+
+def _row_stride(tensor: torch.Tensor) -> int:
+    """The row stride to pass: a one-row tensor's is never used, and may be anything (PyTorch's
+    DLPack export sets it to 1 on DeepGEMM's one-row outputs); pass an aligned constant instead, so
+    that the launch keeps the one compiled variant."""
+    return tensor.stride(0) if tensor.shape[0] > 1 else ALIGN
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checks (host-only: no device synchronization on the replay path)
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_copy(src, dst, lengths, row_start, budget) -> tuple[int, int]:
+    for name, tensor in (("src", src), ("dst", dst), ("lengths", lengths)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    for name, tensor in (("src", src), ("dst", dst)):
+        if tensor.dtype != torch.float32 or tensor.dim() != 2:
+            raise TypeError(
+                f"{name} must be a 2-D float32 tensor, got {tensor.dtype} {tuple(tensor.shape)}"
+            )
+        if tensor.shape[0] and tensor.shape[1] and tensor.stride(1) != 1:
+            raise ValueError(f"{name} must have unit column stride, got strides {tensor.stride()}")
+        if tensor.data_ptr() % 16:
+            raise ValueError(f"{name} must start 16-byte aligned (one compiled kernel variant)")
+        if tensor.shape[0] > 1 and tensor.stride(0) % ALIGN:
+            raise ValueError(
+                f"{name}'s row stride must be a multiple of {ALIGN}, got {tensor.stride(0)}"
+            )
+    if src.device != dst.device or lengths.device != dst.device:
+        raise ValueError(
+            f"src, dst and lengths must be on one device, got {src.device}, {dst.device}, "
+            f"{lengths.device}"
+        )
+    rows, width = src.shape
+    if dst.shape[1] != width:
+        raise ValueError(f"dst must be {width} columns wide like src, got {tuple(dst.shape)}")
+    if width % ALIGN:
+        raise ValueError(f"the width must be a multiple of {ALIGN}, got {width}")
+    if not isinstance(row_start, int) or row_start < 0 or row_start + rows > dst.shape[0]:
+        raise ValueError(
+            f"row_start must be an int with row_start + rows <= dst rows ({dst.shape[0]}), "
+            f"got row_start={row_start!r} for {rows} rows"
+        )
+    if lengths.dtype != torch.int32:
+        raise TypeError(f"lengths must be int32, got {lengths.dtype}")
+    if lengths.dim() not in (1, 2) or (lengths.dim() == 2 and lengths.shape[1] != 1):
+        raise ValueError(f"lengths must be [n] or [n, 1], got {tuple(lengths.shape)}")
+    if lengths.shape[0] < row_start + rows:
+        raise ValueError(
+            f"lengths needs at least row_start + rows = {row_start + rows} entries, "
+            f"got {lengths.shape[0]}"
+        )
+    if budget is not None and (not isinstance(budget, int) or budget < 1):
+        raise ValueError(f"budget must be None or an int >= 1, got {budget!r}")
+    return rows, width

@@ -1,0 +1,404 @@
+"""Chunked indexer logits with live columns only, in SGLang's real ``Indexer._get_topk_paged``.
+
+The indexer is SGLang's ``Indexer``, built by its constructor from transformers' DeepSeek-V3.2
+config (its rotary embedding, which ``_get_topk_paged`` does not use, needs vllm on the CPU and is
+replaced by an identity), reading a real ``DSATokenToKVPool`` through SGLang's forward context, with
+SGLang's ``DSAMetadata`` and ``DSAIndexerMetadata``. Logits come from SGLang's torch paged-MQA logits
+(``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1``) and the top-k from its torch backend (``--dsa-topk-backend
+torch``, unfused), both of which run on the CPU; DeepGEMM's chunk schedule, which the torch logits
+ignore, is a stand-in. The SM count (the chunk size) is shrunk to 4, the width to 2176 columns.
+"""
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+
+import sglang.kernels.ops.attention.dsa.paged_mqa_logits as paged_mqa_logits
+import sglang.srt.layers.attention.dsa.utils as dsa_utils
+import sglang.srt.layers.attention.dsa_backend as dsa_backend
+from sglang.srt.configs.model_config import dsa_layer_skips_topk
+from sglang.srt.layers.attention.dsa import dsa_indexer
+from sglang.srt.layers.attention.dsa.dsa_indexer_metadata import DSAIndexerMetadata
+from sglang.srt.layers.attention.dsa.dsa_topk_backend import DSATopKBackend, TopkTransformMethod
+from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend, DSAMetadata
+from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+from sglang.srt.runtime_context import get_context
+from transformers.models.deepseek_v32.configuration_deepseek_v32 import DeepseekV32Config
+from transformers.models.glm_moe_dsa.configuration_glm_moe_dsa import GlmMoeDsaConfig
+
+from sglang_dsa_mtp import plugin
+from sglang_dsa_mtp.integration import dsa_indexer_live_logits as hook
+from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
+from sglang_dsa_mtp.switches import LIVE_WIDTH
+from sglang_dsa_mtp.test.indexer_cases import schedule_stand_in
+
+SM_COUNT = 4
+PAGES_PER_ROW = 34
+WIDTH = PAGES_PER_ROW * 64  # 2176 columns: past 2049
+TOPK = 64
+# Where the rows of a scenario end: KV-block and 128-column edges, 2048, the full width.
+ROW_ENDS = [WIDTH, 2049, 129, 0, 64, 1, 2048, 127, 65, 63, 128, 2047, WIDTH - 1]
+SPLIT = "sglang.kernels.ops.attention.dsa.paged_mqa_logits.deepgemm_paged_mqa_logits_split"
+# In a dict: SGLang's hook propagation rebinds every module global that holds the original.
+UNHOOKED = {"split": paged_mqa_logits.deepgemm_paged_mqa_logits_split}
+
+
+@pytest.fixture
+def torch_paged_mqa(monkeypatch):
+    """SGLang resolves its torch paged-MQA logits (``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH``) and the
+    schedule stand-in, with top-k fusion off; its resolvers are re-read before and after."""
+    monkeypatch.setenv("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1")
+    monkeypatch.setenv("SGLANG_DSA_FUSE_TOPK", "0")
+    dsa_utils.resolve_fp8_paged_mqa_logits_fn.cache_clear()
+    monkeypatch.setattr(
+        dsa_indexer, "resolve_paged_mqa_logits_metadata_fn", lambda: schedule_stand_in
+    )
+    override = get_context().override_server_args()
+    override.install()
+    yield
+    override.restore()
+    dsa_utils.resolve_fp8_paged_mqa_logits_fn.cache_clear()
+
+
+def build_indexer(monkeypatch, **config):
+    """SGLang's ``Indexer`` from DeepSeek-V3.2's config (``config`` overrides), SM count shrunk."""
+    cfg = DeepseekV32Config(index_topk=TOPK, **config)
+    monkeypatch.setattr(
+        dsa_indexer, "get_rope_wrapper", lambda *args, **kwargs: torch.nn.Identity()
+    )
+    indexer = dsa_indexer.Indexer(
+        hidden_size=cfg.hidden_size,
+        index_n_heads=cfg.index_n_heads,
+        index_head_dim=cfg.index_head_dim,
+        rope_head_dim=cfg.qk_rope_head_dim,
+        index_topk=cfg.index_topk,
+        q_lora_rank=cfg.q_lora_rank,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=cfg.rope_parameters["rope_theta"],
+        layer_id=0,
+        scale_fmt="ue8m0",
+        block_size=128,
+        is_neox_style=True,
+        prefix="model.layers.0.self_attn.indexer",
+        config=cfg,
+    )
+    indexer.sm_count = SM_COUNT  # SGLang sets resolve_num_sms() on CUDA only
+    return indexer
+
+
+class Batch:
+    """One indexer call of a forward mode: its KV pool, metadata, queries and head weights."""
+
+    def __init__(self, mode, seq_lens, next_n, *, heads, padded_rows=0, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        bs = len(seq_lens)
+        rows = bs * next_n
+        self.forward_batch = SimpleNamespace(forward_mode=mode)
+        self.pool = DSATokenToKVPool(
+            size=64 * (bs * PAGES_PER_ROW + 1),
+            page_size=64,
+            kv_lora_rank=512,
+            dtype=torch.bfloat16,
+            qk_rope_head_dim=64,
+            layer_num=1,
+            device="cpu",
+            index_head_dim=128,
+            enable_memory_saver=False,
+            kv_cache_dim=576,
+        )
+        index_k = self.pool.get_index_k_with_scale_buffer(layer_id=0)
+        pages = index_k.shape[0]
+        values = torch.randn(pages, 64 * 128, generator=gen).to(torch.float8_e4m3fn)
+        scales = torch.rand(pages, 64, generator=gen) + 0.5
+        index_k.copy_(torch.cat([values.view(torch.uint8), scales.view(torch.uint8)], dim=1))
+        seq = torch.tensor(seq_lens, dtype=torch.int32)
+        if mode.is_decode():
+            cache_seqlens, expanded = seq, seq
+        else:  # target verify / draft extend: row j of a request sees its prefix + j + 1 tokens
+            cache_seqlens = seq + next_n
+            offsets = torch.arange(next_n, dtype=torch.int32).repeat(bs) + 1
+            expanded = (seq.repeat_interleave(next_n) + offsets).to(torch.int32)
+        backend = SimpleNamespace(speculative_num_draft_tokens=next_n if next_n > 1 else None)
+        ctx_lens = DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens(
+            backend, mode, cache_seqlens, expanded, bs
+        )
+        requests = torch.randperm(pages - 1, generator=gen)[: bs * PAGES_PER_ROW] + 1
+        real_page_table = requests.view(bs, PAGES_PER_ROW).to(torch.int32)
+        self.metadata = DSAIndexerMetadata(
+            attn_metadata=DSAMetadata(
+                page_size=64,
+                cache_seqlens_int32=cache_seqlens,
+                max_seq_len_q=next_n,
+                max_seq_len_k=WIDTH,
+                cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32),
+                cu_seqlens_k=None,
+                page_table_1=None,
+                real_page_table=real_page_table.repeat_interleave(next_n, 0),
+                dsa_cache_seqlens_int32=expanded.clamp(max=TOPK),
+                dsa_cu_seqlens_q=None,
+                dsa_cu_seqlens_k=None,
+                dsa_extend_seq_lens_list=[next_n] * bs,
+                dsa_seqlens_expanded=expanded,
+                paged_mqa_schedule_metadata=schedule_stand_in(ctx_lens, 64, SM_COUNT),
+                paged_mqa_ctx_lens_2d=ctx_lens,
+            ),
+            topk_transform_method=TopkTransformMethod.PAGED,
+            topk_backend=DSATopKBackend.TORCH,
+        )
+        self.rows = rows
+        self.q_fp8 = torch.randn(rows + padded_rows, heads, 128, generator=gen).to(
+            torch.float8_e4m3fn
+        )
+        self.weights = torch.randn(rows + padded_rows, heads, 1, generator=gen)
+
+    def topk(self, indexer):
+        """SGLang's ``Indexer._get_topk_paged`` on this batch."""
+        ctx = ForwardContext(attn_backend=SimpleNamespace(token_to_kv_pool=self.pool))
+        with forward_context(ctx):
+            return indexer._get_topk_paged(
+                self.forward_batch, 0, self.q_fp8, self.weights, self.metadata
+            )
+
+
+@pytest.fixture
+def live_calls(monkeypatch):
+    """Every call of the live-column path, recorded (it still runs)."""
+    calls = []
+    run = live.chunked_paged_mqa_logits_live
+
+    def recorded(*args, **kwargs):
+        calls.append(kwargs["chunk_rows"])
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(live, "chunked_paged_mqa_logits_live", recorded)
+    return calls
+
+
+def stock_and_ours(hooked, indexer, batch):
+    """The batch's top-k with the switch off (SGLang's concat) and on (the live copy)."""
+    hooked.setenv(LIVE_WIDTH.env, "0")
+    stock = batch.topk(indexer)
+    hooked.delenv(LIVE_WIDTH.env)
+    return stock, batch.topk(indexer)
+
+
+# --- the hook rows ----------------------------------------------------------------------------------
+
+
+def test_plugin_hooks_the_split_function_and_the_indexer_constructor():
+    rows = {(row.target, row.hook_type.value) for row in plugin.HOOKS if row.switch is LIVE_WIDTH}
+    assert (SPLIT, "around") in rows
+    assert ("sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.__init__", "after") in rows
+
+
+def test_the_indexer_calls_the_hooked_split_function(hooked):
+    wrapped = dsa_indexer.deepgemm_paged_mqa_logits_split
+    assert wrapped is not UNHOOKED["split"] and wrapped.__wrapped__ is UNHOOKED["split"]
+
+
+# --- SGLang's forward modes past the SM count --------------------------------------------------------
+
+MODES = [
+    pytest.param(ForwardMode.TARGET_VERIFY, 4, id="target-verify-eagle-3-1-4"),
+    pytest.param(ForwardMode.DRAFT_EXTEND_V2, 5, id="draft-extend-eagle-4-1-5"),
+    pytest.param(ForwardMode.DECODE, 1, id="decode"),
+]
+
+
+@pytest.mark.parametrize("mode,next_n", MODES)
+@pytest.mark.parametrize("chunks", [2, 4], ids=["2-chunks", "4-chunks"])
+def test_chunked_forward_modes_select_sglang_top_k_indices(
+    hooked, torch_paged_mqa, live_calls, mode, next_n, chunks
+):
+    requests = -(-((chunks - 1) * SM_COUNT + 1) // next_n)
+    prefixes = [max(0, end - next_n) for end in ROW_ENDS[:requests]]
+    batch = Batch(mode, prefixes, next_n, heads=16, seed=chunks)
+    assert -(-batch.rows // SM_COUNT) == chunks
+    stock, ours = stock_and_ours(hooked, build_indexer(hooked), batch)
+    assert live_calls == [SM_COUNT], "the live-column path ran once, in chunks of the SM count"
+    assert torch.equal(ours, stock)
+
+
+def test_masked_init_and_local_tokens_select_sglang_top_k_indices(
+    hooked, torch_paged_mqa, live_calls
+):
+    """Rows shorter than the init/local windows: SGLang's masking writes past their live columns."""
+    indexer = build_indexer(hooked, index_init_tokens=3, index_local_tokens=2)
+    batch = Batch(ForwardMode.TARGET_VERIFY, [0, 1, 60, 2000, WIDTH - 4], 4, heads=16, seed=1)
+    stock, ours = stock_and_ours(hooked, indexer, batch)
+    assert live_calls and torch.equal(ours, stock)
+
+
+def test_padded_query_rows_get_sglang_padding(hooked, torch_paged_mqa, live_calls):
+    batch = Batch(ForwardMode.TARGET_VERIFY, [100, 700], 4, heads=16, padded_rows=3, seed=2)
+    stock, ours = stock_and_ours(hooked, build_indexer(hooked), batch)
+    assert live_calls and ours.shape == (batch.rows + 3, TOPK) and torch.equal(ours, stock)
+
+
+def test_at_most_sm_count_rows_take_sglang_path_without_concat(hooked, torch_paged_mqa, live_calls):
+    batch = Batch(ForwardMode.TARGET_VERIFY, [10], SM_COUNT, heads=16)
+    stock, ours = stock_and_ours(hooked, build_indexer(hooked), batch)
+    assert live_calls == [] and torch.equal(ours, stock)
+
+
+# --- fallbacks --------------------------------------------------------------------------------------
+
+
+def chunked_batch():
+    return Batch(ForwardMode.TARGET_VERIFY, [70, 1000, 3], 4, heads=16, seed=3)
+
+
+@pytest.mark.parametrize("value", ["0", "off"], ids=["off", "unparsable"])
+def test_the_kill_switch_keeps_sglang_concat(hooked, torch_paged_mqa, live_calls, value):
+    hooked.setenv(LIVE_WIDTH.env, value)
+    chunked_batch().topk(build_indexer(hooked))
+    assert live_calls == []
+
+
+def test_a_kernel_not_compiled_at_start_up_keeps_sglang_concat(
+    hooked, torch_paged_mqa, live_calls, caplog
+):
+    hooked.setattr(live, "is_warm", lambda device: False)
+    batch, indexer = chunked_batch(), build_indexer(hooked)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        batch.topk(indexer)
+        batch.topk(indexer)
+    assert live_calls == []
+    assert caplog.text.count("was not compiled for cpu at start-up") == 1
+
+
+def test_an_error_in_the_live_path_falls_back_to_sglang_and_is_logged_once(
+    hooked, torch_paged_mqa, caplog
+):
+    batch, indexer = chunked_batch(), build_indexer(hooked)
+    hooked.setenv(LIVE_WIDTH.env, "0")
+    stock = batch.topk(indexer)
+    hooked.delenv(LIVE_WIDTH.env)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    hooked.setattr(live, "copy_live_logits", broken)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        assert torch.equal(batch.topk(indexer), stock)
+        assert torch.equal(batch.topk(indexer), stock)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "RuntimeError: boom" in errors[0].getMessage()
+
+
+def test_another_logits_function_takes_sglang_path(hooked, live_calls):
+    """Only SGLang's chunked closure is recognised; anything else is SGLang's business."""
+    seen = []
+
+    def logits_fn(q, *args, **kwargs):
+        seen.append(q.shape)
+        return torch.zeros(q.shape[0], 64)
+
+    q = torch.zeros(9, 2, 128)
+    lens = torch.ones(9, 1, dtype=torch.int32)
+    out = dsa_indexer.deepgemm_paged_mqa_logits_split(
+        logits_fn, q, None, torch.zeros(9, 2), lens, None, None, 64, q_offset=9
+    )
+    assert out.shape == (9, 64) and seen == [(9, 1, 2, 128)] and live_calls == []
+
+
+def test_sglang_closure_yields_the_indexer_sm_count_and_block_size(hooked, torch_paged_mqa):
+    """The closure the split function receives is recognised, with its own chunking parameters."""
+    seen = []
+    real = hook.sglang_closure
+    hooked.setattr(hook, "sglang_closure", lambda fn: seen.append(real(fn)) or seen[-1])
+    chunked_batch().topk(build_indexer(hooked))
+    [closure] = seen
+    assert (closure.sm_count, closure.blocksize) == (SM_COUNT, 64)
+    assert closure.resolve_schedule_fn() is schedule_stand_in
+
+
+# --- start-up compile -------------------------------------------------------------------------------
+
+
+def test_building_an_indexer_compiles_the_kernel_on_a_cuda_device(hooked, torch_paged_mqa):
+    warmed = []
+    hooked.setattr(torch.cuda, "is_available", lambda: True)
+    hooked.setattr(torch.cuda, "current_device", lambda: 0)
+    hooked.setattr(live, "is_warm", lambda device: False)
+    hooked.setattr(live, "warm_up", warmed.append)
+    build_indexer(hooked)
+    assert warmed == [torch.device("cuda", 0)]
+
+
+def test_a_failed_start_up_compile_is_logged_and_the_indexer_still_builds(
+    hooked, torch_paged_mqa, caplog
+):
+    def broken(device):
+        raise RuntimeError("no compiler")
+
+    hooked.setattr(torch.cuda, "is_available", lambda: True)
+    hooked.setattr(torch.cuda, "current_device", lambda: 0)
+    hooked.setattr(live, "is_warm", lambda device: False)
+    hooked.setattr(live, "warm_up", broken)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        indexer = build_indexer(hooked)
+    assert isinstance(indexer, dsa_indexer.Indexer)
+    assert "no compiler" in caplog.text
+
+
+def test_on_the_cpu_building_an_indexer_compiles_nothing(hooked, torch_paged_mqa):
+    hooked.setattr(live, "warm_up", lambda device: pytest.fail("warm_up ran without CUDA"))
+    build_indexer(hooked)
+
+
+# --- the facts docs/indexer-cliff.md maps (SGLang 0.5.23's own code) --------------------------------
+
+
+@pytest.mark.parametrize("sm100", [False, True], ids=["sm90", "sm100"])
+@pytest.mark.parametrize("mode", [ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2])
+def test_which_modes_pass_per_token_rows_to_the_split_path(monkeypatch, mode, sm100):
+    """Per-token ``(rows, 1)`` context lengths everywhere but SM100 target verify (``[B, next_n]``,
+    the native path with requests as its batch)."""
+    monkeypatch.setattr(dsa_backend, "get_platform", lambda: SimpleNamespace(is_sm100=sm100))
+    monkeypatch.setenv("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "0")
+    bs, next_n = 3, 5
+    seq = torch.tensor([10, 20, 30], dtype=torch.int32)
+    ctx = DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens(
+        SimpleNamespace(speculative_num_draft_tokens=next_n),
+        mode,
+        seq + next_n,
+        torch.arange(bs * next_n, dtype=torch.int32),
+        bs,
+    )
+    native = sm100 and mode.is_target_verify()
+    assert tuple(ctx.shape) == ((bs, next_n) if native else (bs * next_n, 1))
+
+
+def topk_layers(config) -> int:
+    return sum(not dsa_layer_skips_topk(config, i) for i in range(config.num_hidden_layers))
+
+
+def test_top_k_layers_of_deepseek_v32_and_glm5():
+    """transformers' DeepSeek-V3.2 and GLM-5 configs (defaults: 61 and 78 layers, no top-k sharing):
+    every layer computes top-k; with IndexShare's one indexer in four layers, 21 of 78."""
+    deepseek = DeepseekV32Config(architectures=["DeepseekV32ForCausalLM"])
+    glm5 = GlmMoeDsaConfig(architectures=["GlmMoeDsaForCausalLM"])
+    glm5_index_share = GlmMoeDsaConfig(architectures=["GlmMoeDsaForCausalLM"], index_topk_freq=4)
+    assert (deepseek.num_hidden_layers, topk_layers(deepseek)) == (61, 61)
+    assert (glm5.num_hidden_layers, topk_layers(glm5)) == (78, 78)
+    assert topk_layers(glm5_index_share) == 21
+
+
+@pytest.mark.parametrize(
+    "num_sms,expected",
+    [(78, [20, 16, 14]), (132, [34, 27, 23]), (148, [38, 30, 25])],
+    ids=["h20", "h200", "b200"],
+)
+def test_requests_from_which_eagle_rows_are_chunked(num_sms, expected):
+    """The thresholds of docs/indexer-cliff.md: rows = requests x draft tokens > SMs."""
+    counts = [hook.first_chunked_requests(num_sms, n) for n in hook.EAGLE_DRAFT_TOKENS.values()]
+    assert counts == expected
+    for requests, n in zip(counts, hook.EAGLE_DRAFT_TOKENS.values()):
+        assert requests * n > num_sms >= (requests - 1) * n

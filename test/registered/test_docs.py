@@ -3,6 +3,7 @@ particular machine or name of a remote-execution setup, "the spec" says what it 
 wheel folder is ignored by git."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,12 +27,27 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CITED_PATH = re.compile(r"`((?:python|test|docs|benchmark|\.ci)/[^`\s*]+)`")
 
 
+def _checkout_files() -> list[Path]:
+    """The files of the checkout: git's tracked and not-ignored ones where git knows the tree
+    (so nothing a developer keeps in ignored folders counts), else every file under the root."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return [path for path in ROOT.rglob("*") if path.is_file()]
+    return [ROOT / name for name in listed if (ROOT / name).is_file()]
+
+
 def repo_files(*suffixes: str) -> list[Path]:
     return sorted(
         path
-        for path in ROOT.rglob("*")
-        if path.is_file()
-        and path.suffix in suffixes
+        for path in _checkout_files()
+        if path.suffix in suffixes
         and not SKIPPED_DIRS.intersection(path.relative_to(ROOT).parts[:-1])
         and not any(part.endswith(".egg-info") for part in path.parts)
     )

@@ -37,7 +37,7 @@ def main() -> int:
     version = plugin.sglang_version()
     if version is None:
         version_note = "not installed"
-    elif version in plugin.TESTED_SGLANG_VERSIONS:
+    elif plugin.version_tested(version):
         version_note = f"{version} (tested)"
     else:
         version_note = f"{version} (NOT tested; tested: {', '.join(plugin.TESTED_SGLANG_VERSIONS)})"

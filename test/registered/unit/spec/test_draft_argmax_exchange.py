@@ -119,7 +119,7 @@ def sglang_applies_quant_method(head) -> bool:
     return bool(calls)
 
 
-# checkpoint (conftest.CHECKPOINTS) -> the draft head's quant method as SGLang builds it.
+# checkpoint (sglang_dsa_mtp.test.deployment.CHECKPOINTS) -> the draft head's quant method as SGLang builds it.
 PLAIN_MATMUL_HEADS = {
     "unquantized": "UnquantizedEmbeddingMethod",
     "fp8_block": "UnquantizedEmbeddingMethod",

@@ -716,8 +716,16 @@ def test_a_warm_up_that_fails_keeps_the_gather(draft_worker, hooked, caplog):
             "--speculative-eagle-topk is 2: drafts need probabilities (draft model "
             "DeepseekV3ForCausalLMNextN, topk 2, tp size 2)",
         ),
+        (
+            dict(checkpoint="modelopt_fp8_quantized_lm_head"),
+            False,
+            "sglang_dsa_mtp: draft_argmax_exchange off: greedy draft keeps the logits gather: "
+            "SGLang applies the LM head's quant method ModelOptFp8LinearMethod (a quantized "
+            "LM-head kernel) (draft model GlmMoeDsaForCausalLMNextN, topk 1, tp size 2, LM-head "
+            "quant method ModelOptFp8LinearMethod (applied by SGLang), head dtype float8_e4m3fn)",
+        ),
     ],
-    ids=["engaged-nvfp4-head", "stopped-by-topk-2"],
+    ids=["engaged-nvfp4-head", "stopped-by-topk-2", "stopped-by-a-quantized-lm-head"],
 )
 def test_a_draft_worker_logs_one_line_with_the_facts_that_decided(
     setup, engages, expected, draft_worker, caplog

@@ -665,6 +665,22 @@ def test_the_opt_in_compiles_every_kernel_variant_for_the_captured_batch_sizes(
     assert "all_reduce" not in head.group.calls, "the warm-up runs no collective"
 
 
+def test_sglangs_capture_entry_opts_in_and_warms_up_before_it_captures(draft_worker, hooked):
+    """SGLang's own ``EagleDraftWorker._capture_cuda_graphs``, which its HookRegistry patched with
+    the plugin's BEFORE hook; SGLang's capture itself returns at once, as it does on a CPU."""
+    from sglang.srt.speculative import eagle_worker_v2
+
+    calls = record_warm_ups(hooked)
+    worker, head, _ = draft_worker()
+    hooked.setattr(eagle_worker_v2, "_is_cpu", True)
+    worker._capture_cuda_graphs()
+    assert engaged(head.processor)
+    assert [call["rows"] for call in calls] == [CAPTURE_BS]
+    assert (
+        worker.cuda_graph_runner is None
+    ), "SGLang's capture ran after the hook, capturing nothing"
+
+
 def test_a_processor_opted_in_directly_warms_up_for_one_row_and_its_max_rows(hooked, draft_head):
     calls = record_warm_ups(hooked)
     head = draft_head(dtype=torch.float32)

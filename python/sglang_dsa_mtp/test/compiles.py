@@ -79,7 +79,14 @@ def forget_compiled(*kernels) -> None:
     """Drop the variants of ``kernels`` this process has compiled (their per-device JIT caches),
     so that their next launches compile again, as in a fresh server process. Kernels Triton
     interprets have no such cache and are left as they are."""
+    from triton.runtime.jit import JITFunction
+
     for kernel in kernels:
+        if not isinstance(kernel, JITFunction):
+            continue
         caches = getattr(kernel, "device_caches", None)
-        if caches is not None:
-            caches.clear()
+        if caches is None:
+            raise RuntimeError(
+                f"Triton {triton.__version__}'s JITFunction has no device_caches to forget"
+            )
+        caches.clear()

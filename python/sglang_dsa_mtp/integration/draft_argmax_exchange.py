@@ -173,7 +173,7 @@ def logits_dtypes(processor, lm_head) -> tuple[torch.dtype, ...]:
 
 
 @dataclass
-class OptIn:
+class ExchangeDecision:
     """What one opt-in decided, and the facts it decided on (for its one log line)."""
 
     reason: Optional[str] = None  # why the gather is kept; None when the exchange engaged
@@ -264,11 +264,11 @@ def opt_in(
     capture_rows=None,
     draft_steps: Optional[int] = None,
     facts: Optional[dict] = None,
-) -> OptIn:
+) -> ExchangeDecision:
     """The collective opt-in of :func:`enable_draft_argmax_exchange`, without logging: engages
     ``processor`` (or leaves it gathering) and returns the decision with its facts, after
     ``facts`` (the caller's, first in the line)."""
-    decision = OptIn(facts=dict(facts or {}))
+    decision = ExchangeDecision(facts=dict(facts or {}))
     try:
         group = get_parallel().tp_group
     except Exception as exc:  # no TP group to exchange over, nor to agree with

@@ -46,7 +46,7 @@ from sglang.srt.utils import is_cuda, is_hip
 
 from sglang_dsa_mtp.integration.draft_argmax_exchange import (
     DEFAULT_MAX_ROWS,
-    OptIn,
+    ExchangeDecision,
     exchange_of,
     exchange_state,
     opt_in,
@@ -174,9 +174,9 @@ def opt_in_draft_model(worker, *args, **kwargs):
                 facts=facts,
             )
         else:
-            decision = OptIn(reason, facts)
+            decision = ExchangeDecision(reason, facts)
     except Exception as exc:
-        decision = OptIn(f"the opt-in raised {type(exc).__name__}: {exc}", facts)
+        decision = ExchangeDecision(f"the opt-in raised {type(exc).__name__}: {exc}", facts)
     decision.log()
     return None
 

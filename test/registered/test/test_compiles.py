@@ -66,4 +66,3 @@ def test_a_new_specialization_compiles_once_and_a_forgotten_kernel_again():
     with count_compiles() as third:
         _add_one[(1,)](x, 16, BLOCK=16)
     assert (first.of(_add_one), second.of(_add_one), third.of(_add_one)) == (1, 1, 1)
-

@@ -136,7 +136,7 @@ def _print_status(device: torch.device, device_note: str) -> None:
     version = plugin.sglang_version()
     if version is None:
         version_note = "not installed"
-    elif version in plugin.TESTED_SGLANG_VERSIONS:
+    elif plugin.version_tested(version):
         version_note = f"{version} (tested)"
     else:
         version_note = f"{version} (NOT tested; tested: {', '.join(plugin.TESTED_SGLANG_VERSIONS)})"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import NamedTuple
 
+from packaging.version import InvalidVersion, Version
 from sglang.srt.environ import envs
 from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -31,6 +32,7 @@ from sglang_dsa_mtp.switches import (
 )
 
 ENTRY_POINT = "dsa_mtp"
+# Accepted with any local build label too (PEP 440: ``0.5.23+cu130`` is a build of ``0.5.23``).
 TESTED_SGLANG_VERSIONS = ("0.5.23",)
 
 
@@ -195,6 +197,19 @@ def sglang_version() -> str | None:
         return None
 
 
+def version_tested(version: str | None) -> bool:
+    """Whether ``version`` is a tested SGLang release, or a local build of one (``0.5.23+cu130``).
+
+    Pre-, post- and dev releases and other versions are not; nor is an unparsable version."""
+    if version is None:
+        return False
+    try:
+        public = Version(version).public
+    except InvalidVersion:
+        return False
+    return public in TESTED_SGLANG_VERSIONS
+
+
 def discovery() -> tuple[bool, str]:
     """Whether SGLang's plugin loader would run ``register()`` in this environment, and why (not)."""
     if ENTRY_POINT in load_plugins_by_group(GENERAL_PLUGINS_GROUP):
@@ -269,9 +284,12 @@ def _resolve_rows(switch: KillSwitch) -> tuple[list, list]:
 def _plan() -> _Plan:
     """What ``register()`` would register now, and why each feature is on or off."""
     version = sglang_version()
-    if version not in TESTED_SGLANG_VERSIONS:
+    if not version_tested(version):
         installed = f"SGLang {version} is installed" if version else "SGLang is not installed"
-        reason = f"{installed}; this plugin is tested with {', '.join(TESTED_SGLANG_VERSIONS)}"
+        reason = (
+            f"{installed}; this plugin is tested with {', '.join(TESTED_SGLANG_VERSIONS)} "
+            f"(local builds such as {TESTED_SGLANG_VERSIONS[-1]}+cu130 included)"
+        )
         return _Plan(
             status={switch.feature: FeatureStatus(False, reason) for switch in SWITCHES},
             hooks=(),

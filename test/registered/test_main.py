@@ -192,3 +192,19 @@ def test_a_failed_check_makes_the_exit_status_1(monkeypatch, capsys):
     assert (
         done.err.splitlines()[-1] == "python -m sglang_dsa_mtp: error: self-check 'kernel-b' failed"
     )
+
+
+@pytest.mark.parametrize(
+    "version, note", [("0.5.23+cu130", "0.5.23+cu130 (tested)"), ("0.6.0", "0.6.0 (NOT tested")]
+)
+def test_the_command_names_a_local_build_of_the_tested_version_tested(
+    version, note, monkeypatch, capsys
+):
+    from sglang_dsa_mtp import plugin
+
+    monkeypatch.setattr(plugin, "sglang_version", lambda: version)
+    monkeypatch.setattr(selfcheck, "CHECKS", ())
+    assert main() == 0
+    out = capsys.readouterr().out.splitlines()
+    [line] = [line for line in out if line.strip().startswith("SGLang ")]
+    assert note in line

@@ -247,6 +247,29 @@ def test_a_row_that_does_not_resolve_disables_only_its_feature(bad_row, fresh_pl
     assert BOUNDED_REPLAY_METADATA.feature in warning and bad_row.target in warning
 
 
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.23+cu130", "0.5.23+rocm7.1.local"])
+def test_the_tested_version_and_its_local_builds_register_the_features(
+    version, fresh_plugin, caplog
+):
+    fresh_plugin.setattr(plugin, "sglang_version", lambda: version)
+    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+
+    with caplog.at_level(logging.WARNING, logger="sglang_dsa_mtp"):
+        plugin.register()
+
+    assert registered() == {TARGET: [HookType.AFTER]}
+    assert plugin.feature_status()[BOUNDED_REPLAY_METADATA.feature] == (True, "default on")
+    assert plugin_warnings(caplog) == []
+
+
+@pytest.mark.parametrize(
+    "version",
+    ["0.6.0", "0.5.22+cu130", "0.5.23.post1", "0.5.23rc1", "0.5.23.dev0", "0.5.230", "0.5.23+"],
+)
+def test_other_versions_are_not_tested_ones(version):
+    assert plugin.version_tested(version) is False
+
+
 def test_an_untested_sglang_version_turns_every_feature_off_with_one_warning(fresh_plugin, caplog):
     fresh_plugin.setattr(plugin, "sglang_version", lambda: "0.6.0")
     use_hooks(
@@ -262,7 +285,7 @@ def test_an_untested_sglang_version_turns_every_feature_off_with_one_warning(fre
 
     assert registered() == {}
     [warning] = plugin_warnings(caplog)
-    assert "SGLang 0.6.0" in warning and "0.5.23" in warning
+    assert "SGLang 0.6.0 is installed; this plugin is tested with 0.5.23" in warning
     assert all(
         not s.enabled and "SGLang 0.6.0" in s.reason for s in plugin.feature_status().values()
     )

@@ -12,6 +12,13 @@ the TP group with SGLang's own all-reduce (``get_parallel().tp_group.all_reduce`
   (``EXTEND``, which needs probabilities), the eager draft extend (all rows, selected afterwards),
   idle batches, logprob requests and the target model keep the gather.
 
+The opt-in engages where SGLang's own LM-head path is a plain bf16/fp32 matmul over the rank's
+contiguous vocab shard, which it decides with its ``should_apply_lm_head_quant_method``: a quantized
+checkpoint's NextN draft head (built with ModelOpt's ``ModelOptFp4LinearMethod``, say, then given the
+target's bf16 weight) engages; a head whose quant method SGLang applies keeps the gather. Before it
+engages, every kernel variant the call sites launch is compiled (``draft_argmax_partials.warm_up``),
+so no request waits for Triton.
+
 The AFTER hook on ``forward`` then sets ``LogitsProcessorOutput.next_token_argmax_partials`` (a
 class-level default of None, added by the plugin) to the all-reduced exchange buffer. The output's
 ``next_token_logits`` holds no logits in that case: it is a zero-stride ``[rows, vocab_size]`` view
@@ -26,11 +33,11 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
-from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
+from sglang.srt.layers import logits_processor as sglang_logits
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 from sglang.srt.runtime_context import get_parallel
 
@@ -41,6 +48,7 @@ from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import (
     MAX_VOCAB,
     draft_argmax_partials,
     exchange_shape,
+    warm_up,
 )
 from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
 
@@ -105,94 +113,215 @@ def _processor_blocker(processor) -> Optional[str]:
     return None
 
 
+def lm_head_quant(lm_head) -> tuple[str, bool]:
+    """(the head's quant method class, whether SGLang's LM-head path applies it).
+
+    The answer is SGLang's own ``should_apply_lm_head_quant_method``, which its
+    ``LogitsProcessor._compute_lm_head`` asks at every call (the module defines it twice; the later
+    definition is the one the module name holds, and the one asked here). A NextN draft head built
+    with a ModelOpt quant config keeps its ``ModelOptFp4LinearMethod`` after SGLang swaps in the
+    target's bf16 weight: the method is then not applied, and the head is a plain matmul."""
+    method = getattr(lm_head, "quant_method", None)
+    name = type(method).__name__ if method is not None else "none"
+    return name, bool(sglang_logits.should_apply_lm_head_quant_method(lm_head, method))
+
+
 def _lm_head_blocker(lm_head, group) -> Optional[str]:
+    """Why SGLang's LM-head path for ``lm_head`` is not a plain bf16/fp32 matmul over this rank's
+    contiguous vocab shard (the only layout the partials read), or None."""
     if hasattr(lm_head, "set_lora"):
         return "the LM head is LoRA-wrapped"
     if not isinstance(lm_head, ParallelLMHead):
         return f"the LM head is a {type(lm_head).__name__}, not a vocab-parallel ParallelLMHead"
     if not lm_head.enable_tp or lm_head.use_attn_tp_group:
         return "the LM head is not sharded over the TP group"
-    if not isinstance(lm_head.quant_method, UnquantizedEmbeddingMethod):
-        return f"the LM head is quantized ({type(lm_head.quant_method).__name__})"
+    quant_method, applied = lm_head_quant(lm_head)
+    if applied:
+        return (
+            f"SGLang applies the LM head's quant method {quant_method} (a quantized LM-head kernel)"
+        )
+    weight = getattr(lm_head, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        return f"the LM head has no plain weight (SGLang runs its quant method {quant_method})"
     if getattr(lm_head, "bias", None) is not None:
         return "the LM head has a bias"
     if lm_head.num_added_embeddings:
         return f"the LM head has {lm_head.num_added_embeddings} added (LoRA) vocab entries"
-    if lm_head.weight.dtype not in LOGITS_DTYPES:
-        return f"the LM head weight is {lm_head.weight.dtype}, the partials take bf16 or fp32"
+    if weight.dtype not in LOGITS_DTYPES:
+        return f"the LM head weight is {weight.dtype}, the partials take bf16 or fp32"
     if lm_head.tp_size != group.world_size:
         return f"the LM head has {lm_head.tp_size} shards, the TP group {group.world_size} ranks"
     width = lm_head.num_embeddings_per_partition
     start = lm_head.shard_indices.padded_org_vocab_start_index
-    if start != group.rank_in_group * width or lm_head.weight.shape[0] != width:
+    if start != group.rank_in_group * width or weight.shape[0] != width:
         return "the LM head's shard is not the rank's contiguous slice of the vocab"
     return None
 
 
-def _local_blocker(processor, lm_head, group, max_rows: int) -> tuple[Optional[str], str]:
-    """(why this rank must keep the gather or None, the all-reduce route) before the ranks agree."""
+def logits_dtypes(processor, lm_head) -> tuple[torch.dtype, ...]:
+    """The dtypes SGLang's ``_compute_lm_head`` can give this head's shard logits: fp32 with
+    ``--enable-fp32-lm-head``; else the weight's, plus fp32 with an fp32 LM-head output, plus bf16
+    under an RL on-policy target (it casts the matmul to bf16)."""
+    if processor.use_fp32_lm_head:
+        return (torch.float32,)
+    dtypes = [lm_head.weight.dtype]
+    if processor.use_fp32_lm_head_output:
+        dtypes.append(torch.float32)
+    if getattr(processor, "rl_on_policy_target", None) is not None:
+        dtypes.append(torch.bfloat16)
+    return tuple(dict.fromkeys(dtypes))
+
+
+@dataclass
+class ExchangeDecision:
+    """What one opt-in decided, and the facts it decided on (for its one log line)."""
+
+    reason: Optional[str] = None  # why the gather is kept; None when the exchange engaged
+    facts: dict = field(default_factory=dict)
+
+    @property
+    def engaged(self) -> bool:
+        return self.reason is None
+
+    def line(self) -> str:
+        facts = ", ".join(f"{name} {value}" for name, value in self.facts.items())
+        if self.engaged:
+            return f"draft_argmax_exchange on: greedy draft exchanges argmax partials ({facts})"
+        return (
+            f"draft_argmax_exchange off: greedy draft keeps the logits gather: {self.reason} "
+            f"({facts})"
+        )
+
+    def log(self) -> None:
+        """The decision at INFO, once per process for each distinct line."""
+        line = self.line()
+        log_once(logging.INFO, ("argmax-exchange-opt-in", line), "sglang_dsa_mtp: %s", line)
+
+
+def _head_facts(lm_head) -> dict:
+    """The LM head's facts for the log line, as far as they can be read."""
+    facts = {}
+    try:
+        quant_method, applied = lm_head_quant(lm_head)
+        facts["LM-head quant method"] = (
+            f"{quant_method} ({'applied' if applied else 'not applied'} by SGLang)"
+        )
+    except Exception as exc:
+        facts["LM-head quant method"] = f"unknown ({type(exc).__name__})"
+    weight = getattr(lm_head, "weight", None)
+    facts["head dtype"] = (
+        str(weight.dtype).removeprefix("torch.") if isinstance(weight, torch.Tensor) else "none"
+    )
+    return facts
+
+
+def _local_blocker(
+    processor, lm_head, group, max_rows: int, capture_rows, draft_steps, facts: dict
+) -> Optional[str]:
+    """Why this rank must keep the gather, or None, before the ranks agree; ``facts`` gets the
+    all-reduce route and the kernel variants compiled ahead."""
     enabled, why = DRAFT_ARGMAX_EXCHANGE.state()
     reason = None if enabled else why
     reason = reason or _processor_blocker(processor) or _lm_head_blocker(lm_head, group)
     if reason is not None:
-        return reason, None
-    route = None
-    for rows in sorted({1, max(1, int(max_rows))}):
+        return reason
+    shard_width = lm_head.num_embeddings_per_partition
+    rows = sorted({1, max(1, int(max_rows)), *(int(r) for r in capture_rows or ())})
+    for probe_rows in sorted({1, max(rows)}):
         probe = torch.empty(
-            exchange_shape(rows, lm_head.num_embeddings_per_partition, group.world_size),
+            exchange_shape(probe_rows, shard_width, group.world_size),
             dtype=torch.float32,
             device=lm_head.weight.device,
         )
         route, nccl = all_reduce_route(group, probe)
+        facts["all-reduce"] = route
         if nccl:
             return (
-                f"the exchange's all-reduce ({rows} rows) would run on NCCL ({route}) inside "
-                "the CUDA-graph capture"
-            ), route
-    return None, route
+                f"the exchange's all-reduce ({probe_rows} rows) would run on NCCL ({route}) "
+                "inside the CUDA-graph capture"
+            )
+    try:
+        variants = warm_up(
+            rows=rows,
+            shard_width=shard_width,
+            tp_size=group.world_size,
+            vocab_size=processor.vocab_size,
+            dtypes=logits_dtypes(processor, lm_head),
+            device=lm_head.weight.device,
+            draft_steps=draft_steps,
+        )
+    except Exception as exc:
+        return f"compiling the exchange kernels ahead failed ({type(exc).__name__}: {exc})"
+    facts["kernel variants compiled ahead"] = len(variants)
+    return None
 
 
-def enable_draft_argmax_exchange(self, lm_head, *, max_rows: int = DEFAULT_MAX_ROWS) -> bool:
-    """Opt this (draft model's) ``LogitsProcessor`` in to the greedy-draft argmax exchange.
-
-    ``lm_head`` is the head the model passes to ``forward``; ``max_rows`` the most rows one call has
-    (the largest captured batch). Engages, and returns True, only when every condition holds: the
-    kill switch is on; the processor gathers vocab-parallel logits over the TP group (tp > 1, no DP
-    attention, no DP LM head, no LM-head all-to-all, no final-logit softcapping); ``lm_head`` is a
-    plain vocab-parallel ``ParallelLMHead`` (bf16/fp32, unquantized, no LoRA, no added vocab, rank r
-    owning the r-th contiguous shard); and SGLang's TP all-reduce of the exchange buffer, for 1 and
-    ``max_rows`` rows, would not run on NCCL inside a CUDA-graph capture. Otherwise the processor keeps
-    the gather, and the reason is logged once. Collective: call it on every rank of the TP group, which
-    settles on one answer for all ranks.
-    """
+def opt_in(
+    processor,
+    lm_head,
+    *,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    capture_rows=None,
+    draft_steps: Optional[int] = None,
+    facts: Optional[dict] = None,
+) -> ExchangeDecision:
+    """The collective opt-in of :func:`enable_draft_argmax_exchange`, without logging: engages
+    ``processor`` (or leaves it gathering) and returns the decision with its facts, after
+    ``facts`` (the caller's, first in the line)."""
+    decision = ExchangeDecision(facts=dict(facts or {}))
     try:
         group = get_parallel().tp_group
     except Exception as exc:  # no TP group to exchange over, nor to agree with
-        group, reason, route = None, f"no TP group ({type(exc).__name__}: {exc})", None
+        group, decision.reason = None, f"no TP group ({type(exc).__name__}: {exc})"
     else:
+        decision.facts["tp size"] = group.world_size
+        decision.facts.update(_head_facts(lm_head))
         try:
-            reason, route = _local_blocker(self, lm_head, group, max_rows)
+            decision.reason = _local_blocker(
+                processor, lm_head, group, max_rows, capture_rows, draft_steps, decision.facts
+            )
         except Exception as exc:  # never take the server down: the gather stays
-            reason, route = f"the opt-in check raised {type(exc).__name__}: {exc}", None
-        reason = agree_across_group(group, reason)  # every rank gets here, whatever happened
-    if reason is not None:
-        self.__dict__.pop(STATE, None)
-        log_once(
-            logging.INFO,
-            ("argmax-exchange-off", reason),
-            "sglang_dsa_mtp: greedy draft keeps the logits gather: %s",
-            reason,
-        )
-        return False
-    self.__dict__[STATE] = _Exchange(lm_head, group.rank_in_group, group.world_size, route)
-    _prebuild_gatherer(self, lm_head)
-    log_once(
-        logging.INFO,
-        ("argmax-exchange-on", route),
-        "sglang_dsa_mtp: greedy draft exchanges argmax partials (all-reduce: %s)",
-        route,
+            decision.reason = f"the opt-in check raised {type(exc).__name__}: {exc}"
+        # Every rank gets here, whatever happened.
+        decision.reason = agree_across_group(group, decision.reason)
+    if not decision.engaged:
+        processor.__dict__.pop(STATE, None)
+        return decision
+    route = decision.facts.get("all-reduce")
+    processor.__dict__[STATE] = _Exchange(lm_head, group.rank_in_group, group.world_size, route)
+    _prebuild_gatherer(processor, lm_head)
+    return decision
+
+
+def enable_draft_argmax_exchange(
+    self,
+    lm_head,
+    *,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    capture_rows=None,
+    draft_steps: Optional[int] = None,
+) -> bool:
+    """Opt this (draft model's) ``LogitsProcessor`` in to the greedy-draft argmax exchange.
+
+    ``lm_head`` is the head the model passes to ``forward``; ``max_rows`` the most rows one call
+    has (the largest captured batch); ``capture_rows`` the row counts of the captured graphs and
+    ``draft_steps`` the draft-token columns the draft decode pick writes, both for compiling the
+    kernels ahead (optional). Engages, and returns True, only when every condition holds: the kill
+    switch is on; the processor gathers vocab-parallel logits over the TP group (tp > 1, no DP
+    attention, no DP LM head, no LM-head all-to-all, no final-logit softcapping); SGLang's LM-head
+    path for ``lm_head`` is a plain bf16/fp32 matmul (a ``ParallelLMHead`` whose quant method, if
+    any, SGLang does not apply, no LoRA, no bias, no added vocab, rank r owning the r-th contiguous
+    shard); SGLang's TP all-reduce of the exchange buffer, for 1 and ``max_rows`` rows, would not
+    run on NCCL inside a CUDA-graph capture; and every kernel variant compiled ahead (scratch
+    tensors only). Otherwise the processor keeps the gather. The decision and its facts are logged
+    once at INFO. Collective: call it on every rank of the TP group, which settles on one answer
+    for all ranks.
+    """
+    decision = opt_in(
+        self, lm_head, max_rows=max_rows, capture_rows=capture_rows, draft_steps=draft_steps
     )
-    return True
+    decision.log()
+    return decision.engaged
 
 
 def _prebuild_gatherer(processor, lm_head) -> None:

@@ -4,9 +4,11 @@ Four hooks (the processor side is ``draft_argmax_exchange``):
 
 - BEFORE ``EagleDraftWorker._capture_cuda_graphs`` (inside the draft's TP context, before any
   capture): when the worker drafts greedily through the topk=1 paths with a draft model of
-  ``DRAFT_MODELS``, opt its ``LogitsProcessor`` in (``enable_draft_argmax_exchange``). The target
-  model never opts in; nor do other draft models (a standalone draft, which subclasses this worker,
-  may post-process its logits in its forward).
+  ``DRAFT_MODELS``, opt its ``LogitsProcessor`` in (``draft_argmax_exchange.opt_in``, what
+  ``enable_draft_argmax_exchange`` runs), compiling the exchange kernels for the captured batch
+  sizes, and log one INFO line with the decision and its facts. The target model never opts in; nor
+  do other draft models (a standalone draft, which subclasses this worker, may post-process its
+  logits in its forward).
 - AROUND ``draft_topk1_postprocess`` (the draft-decode pick, called inside the draft-decode graph):
   on an exchange stand-in, ``draft_argmax_finalize`` with SGLang's ``sanitize`` rule (NaN counts as
   -1e30), writing the same ``topk_p``, ``topk_index``, draft-token column and positions.
@@ -31,7 +33,6 @@ that reason).
 from __future__ import annotations
 
 import contextvars
-import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -45,10 +46,11 @@ from sglang.srt.utils import is_cuda, is_hip
 
 from sglang_dsa_mtp.integration.draft_argmax_exchange import (
     DEFAULT_MAX_ROWS,
+    ExchangeDecision,
     exchange_of,
     exchange_state,
+    opt_in,
 )
-from sglang_dsa_mtp.integration.log import log_once
 from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_finalize
 from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
@@ -121,25 +123,40 @@ def _unapplied_hooks() -> list[str]:
     ]
 
 
-def _max_rows(worker) -> int:
+def _captured_rows(worker) -> list[int]:
+    """The batch sizes SGLang captures the draft graphs at (one LM-head row per request at topk
+    1, in draft decode and in the graph draft extend alike)."""
     try:
         capture_bs, _ = get_batch_sizes_to_capture(worker.draft_runner)
-        return max(capture_bs)
+        return sorted({int(bs) for bs in capture_bs})
     except Exception:
-        return DEFAULT_MAX_ROWS
+        return [DEFAULT_MAX_ROWS]
+
+
+def _worker_facts(worker) -> dict:
+    """The draft worker's facts for the opt-in's log line, as far as they can be read."""
+    model = getattr(getattr(worker, "draft_runner", None), "model", None)
+    facts = {"draft model": type(model).__name__, "topk": getattr(worker, "topk", "unknown")}
+    try:
+        facts["tp size"] = get_parallel().tp_group.world_size
+    except Exception:
+        pass
+    return facts
 
 
 def opt_in_draft_model(worker, *args, **kwargs):
     """BEFORE ``EagleDraftWorker._capture_cuda_graphs``: opt the draft model's processor in.
 
     Every rank of the draft's TP group runs this before capturing; the ranks first agree on the
-    worker's conditions, then the processor's opt-in agrees on its own. SGLang captures again for
-    each adaptive-speculation state: a processor that is already engaged stays engaged (graphs
-    captured with the exchange are still replayed)."""
+    worker's conditions, then the processor's opt-in agrees on its own and compiles the kernels
+    for the captured batch sizes. One INFO line says what was decided and on which facts. SGLang
+    captures again for each adaptive-speculation state: a processor that is already engaged stays
+    engaged (graphs captured with the exchange are still replayed)."""
     model = getattr(getattr(worker, "draft_runner", None), "model", None)
     processor = getattr(model, "logits_processor", None)
     if isinstance(processor, LogitsProcessor) and exchange_state(processor) is not None:
         return None
+    facts = _worker_facts(worker)
     try:
         reason = why_not_exchange(worker)
     except Exception as exc:  # never take the server down: the gather stays
@@ -147,19 +164,20 @@ def opt_in_draft_model(worker, *args, **kwargs):
     try:
         reason = agree_across_group(get_parallel().tp_group, reason)
         if reason is None:
-            model = worker.draft_runner.model
-            model.logits_processor.enable_draft_argmax_exchange(
-                model.lm_head, max_rows=_max_rows(worker)
+            rows = _captured_rows(worker)
+            decision = opt_in(
+                model.logits_processor,
+                model.lm_head,
+                max_rows=max(rows),
+                capture_rows=rows,
+                draft_steps=worker.speculative_num_steps,
+                facts=facts,
             )
+        else:
+            decision = ExchangeDecision(reason, facts)
     except Exception as exc:
-        reason = f"the opt-in raised {type(exc).__name__}: {exc}"
-    if reason is not None:
-        log_once(
-            logging.INFO,
-            ("argmax-exchange-worker-off", reason),
-            "sglang_dsa_mtp: greedy draft keeps the logits gather: %s",
-            reason,
-        )
+        decision = ExchangeDecision(f"the opt-in raised {type(exc).__name__}: {exc}", facts)
+    decision.log()
     return None
 
 

@@ -9,6 +9,8 @@ this package. What is here:
 - ``process_group``: spawning a group of processes (a TP group of CPU or GPU ranks);
 - ``gpu_tp``: a real TP group of GPUs on NCCL, and the two-GPU exchange test's body;
 - ``cpu_tp``: SGLang's real TP group and LM-head path in CPU processes (gloo);
+- ``deployment``: an MTP draft head built as SGLang builds it for a (quantized) checkpoint;
+- ``compiles``: counting Triton JIT compiles (the no-compile-on-the-serving-path GPU tests);
 - ``timing``: CUDA-graph and host timing, and the floors printed beside every figure;
 - ``bench_cli``: the benchmark scripts' shared options and output;
 - ``check``: what one self-check returns.

@@ -5,7 +5,9 @@
   ``tp_size=world``, builds SGLang's distributed environment and model-parallel groups on gloo,
   and tears them down on exit.
 * :func:`build_lm_head`: a vocab-parallel ``ParallelLMHead`` holding this rank's shard of a seeded
-  full weight, and a ``LogitsProcessor`` that all-gathers the logits over the TP group.
+  full weight, and a ``LogitsProcessor`` that all-gathers the logits over the TP group;
+  :func:`build_shared_draft_head`: the same for a quantized checkpoint's NextN draft head, built and
+  given the target's weight as SGLang does.
 * :func:`logits_forward`: ``LogitsProcessor.forward`` with a real ``LogitsMetadata`` (decode or
   draft-extend-v2, no logprobs).
 * :func:`reference_logits`: the gathered logits recomputed shard by shard, as SGLang computes them.
@@ -29,6 +31,9 @@ import torch
 from sglang_dsa_mtp.devices import select_device
 
 FORWARD_MODES = ("decode", "draft_extend_v2")
+# The quantized checkpoint the TP test deploys: the spec's model's kind, ModelOpt NVFP4, whose NextN
+# draft head keeps ModelOptFp4LinearMethod and takes the target's bf16 weight.
+QUANTIZED_CHECKPOINT = "modelopt_fp4"
 
 
 @contextlib.contextmanager
@@ -120,6 +125,41 @@ def build_lm_head(
         config.final_logit_softcapping = final_logit_softcapping
     processor = LogitsProcessor(config, logit_scale=logit_scale)
     return lm_head, processor, full_weight
+
+
+def build_shared_draft_head(
+    checkpoint: str,
+    vocab_size: int,
+    hidden: int,
+    *,
+    dtype: torch.dtype,
+    seed: int,
+    tie: Optional[tuple[int, int]] = None,
+):
+    """``(lm_head, processor, full_weight)`` of a NextN draft deployed from ``checkpoint``
+    (:mod:`sglang_dsa_mtp.test.deployment`), inside :func:`sglang_tp_group`: the target's head loads
+    its shard of :func:`full_lm_head_weight` (column ``tie[0]`` a copy of ``tie[1]``), and SGLang's
+    draft worker gives its weight to the draft's head, which keeps the quant method the
+    checkpoint's config gave it. The processor is the draft model's ``LogitsProcessor(config)``."""
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+
+    from sglang_dsa_mtp.test import deployment
+
+    full_weight = full_lm_head_weight(vocab_size, hidden, dtype=dtype, seed=seed)
+    if tie is not None:
+        full_weight[tie[0]] = full_weight[tie[1]]
+    target_head, draft_head = deployment.lm_heads(checkpoint, vocab_size, hidden, dtype=dtype)
+    target_head.weight.weight_loader(target_head.weight, full_weight)
+    config = SimpleNamespace(vocab_size=vocab_size)
+    _, draft, _ = deployment.share_target_head(
+        checkpoint,
+        target_head,
+        draft_head,
+        dtype=dtype,
+        target_processor=LogitsProcessor(config),
+        draft_processor=LogitsProcessor(config),
+    )
+    return draft.lm_head, draft.logits_processor, full_weight
 
 
 def logits_metadata(mode: str, select_index: Optional[torch.Tensor] = None):
@@ -246,7 +286,8 @@ def exchange_on_off_worker(
     In :func:`sglang_tp_group`, with the plugin registered and its hooks applied by SGLang's
     ``HookRegistry``: ``get_parallel().tp_group.all_reduce`` of fp32 and bf16 CPU tensors against the
     sum; the opt-in's cross-rank agreement (a reason on one rank reaches every rank); then for bf16
-    and fp32, with and without ``logit_scale``:
+    and fp32, with and without ``logit_scale``, and for the bf16 draft head of
+    :data:`QUANTIZED_CHECKPOINT` (:func:`build_shared_draft_head`):
 
     * exchange off: the head's shard against the full weight, ``next_token_logits`` of decode (rows
       1..5) and draft extend (8 rows, ``select_index`` [7, 0, 3, 3]) bit for bit against
@@ -285,73 +326,82 @@ def exchange_on_off_worker(
                 tp_group, "only rank 1 objects" if rank == 1 else None
             )
 
-            for dtype in (torch.bfloat16, torch.float32):
-                for scale in (None, logit_scale):
-                    where = f"{dtype}, logit_scale {scale}"
+            heads = [
+                (dtype, scale, None)
+                for dtype in (torch.bfloat16, torch.float32)
+                for scale in (None, logit_scale)
+            ]
+            heads.append((torch.bfloat16, None, QUANTIZED_CHECKPOINT))
+            for dtype, scale, checkpoint in heads:
+                where = f"{dtype}, logit_scale {scale}, checkpoint {checkpoint}"
+                if checkpoint is None:
                     lm_head, processor, full_weight = build_lm_head(
                         vocab_size, hidden, dtype=dtype, seed=11, logit_scale=scale
                     )
                     full_weight[700] = full_weight[5]
-                    width = lm_head.num_embeddings_per_partition
                     lm_head.weight.weight_loader(lm_head.weight, full_weight)
-                    report["flags"] = dict(
-                        do_tensor_parallel_all_gather=processor.do_tensor_parallel_all_gather,
-                        use_attn_tp_group=processor.use_attn_tp_group,
-                        do_tensor_parallel_all_gather_dp_attn=(
-                            processor.do_tensor_parallel_all_gather_dp_attn
-                        ),
+                else:
+                    lm_head, processor, full_weight = build_shared_draft_head(
+                        checkpoint, vocab_size, hidden, dtype=dtype, seed=11, tie=(700, 5)
                     )
-                    report["shard_width"] = width
-                    padded = torch.zeros(world * width, hidden, dtype=dtype)
-                    padded[:vocab_size] = full_weight
-                    if not torch.equal(
-                        lm_head.weight.data, padded[rank * width : (rank + 1) * width]
-                    ):
-                        failures.append(f"{where}: the loaded shard differs from the full weight")
+                    report["quantized"] = dict(
+                        checkpoint=checkpoint,
+                        quant_method=type(lm_head.quant_method).__name__,
+                        weight_dtype=str(lm_head.weight.dtype),
+                    )
+                width = lm_head.num_embeddings_per_partition
+                report["flags"] = dict(
+                    do_tensor_parallel_all_gather=processor.do_tensor_parallel_all_gather,
+                    use_attn_tp_group=processor.use_attn_tp_group,
+                    do_tensor_parallel_all_gather_dp_attn=(
+                        processor.do_tensor_parallel_all_gather_dp_attn
+                    ),
+                )
+                report["shard_width"] = width
+                padded = torch.zeros(world * width, hidden, dtype=dtype)
+                padded[:vocab_size] = full_weight
+                if not torch.equal(lm_head.weight.data, padded[rank * width : (rank + 1) * width]):
+                    failures.append(f"{where}: the loaded shard differs from the full weight")
 
-                    cases = [("decode", rows, None) for rows in range(1, 6)]
-                    cases.append(("draft_extend_v2", 8, torch.tensor([0, 7, 3, 3])))
-                    batches, picks = [], []
-                    for mode, rows, select_index in cases:
-                        gen = torch.Generator().manual_seed(1000 * rows + len(mode))
-                        states = torch.randn(rows, hidden, generator=gen).to(dtype)
-                        states[0] = full_weight[5].float().mul(40.0).to(dtype)
-                        batches.append(states)
-                        output = logits_forward(
-                            processor, lm_head, states, mode=mode, select_index=select_index
-                        )
-                        picked = states if select_index is None else states[select_index]
-                        want = reference_logits(
-                            picked, full_weight, world, width, logit_scale=scale
-                        )
-                        problem = _bits_differ(output.next_token_logits, want)
-                        if problem:
-                            failures.append(f"{where}, {mode}, {rows} rows: {problem}")
-                        picks.append(_sglang_pick(output, mode, rows))
-                        if int(picks[-1]["topk_index"][0]) != 5:
-                            failures.append(f"{where}, {mode}: row 0 did not pick column 5")
+                cases = [("decode", rows, None) for rows in range(1, 6)]
+                cases.append(("draft_extend_v2", 8, torch.tensor([0, 7, 3, 3])))
+                batches, picks = [], []
+                for mode, rows, select_index in cases:
+                    gen = torch.Generator().manual_seed(1000 * rows + len(mode))
+                    states = torch.randn(rows, hidden, generator=gen).to(dtype)
+                    states[0] = full_weight[5].float().mul(40.0).to(dtype)
+                    batches.append(states)
+                    output = logits_forward(
+                        processor, lm_head, states, mode=mode, select_index=select_index
+                    )
+                    picked = states if select_index is None else states[select_index]
+                    want = reference_logits(picked, full_weight, world, width, logit_scale=scale)
+                    problem = _bits_differ(output.next_token_logits, want)
+                    if problem:
+                        failures.append(f"{where}, {mode}, {rows} rows: {problem}")
+                    picks.append(_sglang_pick(output, mode, rows))
+                    if int(picks[-1]["topk_index"][0]) != 5:
+                        failures.append(f"{where}, {mode}: row 0 did not pick column 5")
 
-                    if not processor.enable_draft_argmax_exchange(lm_head, max_rows=8):
-                        failures.append(f"{where}: the exchange did not engage")
+                if not processor.enable_draft_argmax_exchange(lm_head, max_rows=8):
+                    failures.append(f"{where}: the exchange did not engage")
+                    continue
+                report["route"] = exchange_state(processor).route
+                for (mode, rows, select_index), states, expected in zip(cases, batches, picks):
+                    output = logits_forward(
+                        processor, lm_head, states, mode=mode, select_index=select_index
+                    )
+                    if output.next_token_argmax_partials is None:
+                        failures.append(f"{where}, {mode}, {rows} rows: no partials")
                         continue
-                    report["route"] = exchange_state(processor).route
-                    for (mode, rows, select_index), states, expected in zip(cases, batches, picks):
-                        output = logits_forward(
-                            processor, lm_head, states, mode=mode, select_index=select_index
-                        )
-                        if output.next_token_argmax_partials is None:
-                            failures.append(f"{where}, {mode}, {rows} rows: no partials")
-                            continue
-                        ours = _sglang_pick(output, mode, rows)
-                        for name, value in expected.items():
-                            if value.dtype != ours[name].dtype or not torch.equal(
-                                value, ours[name]
-                            ):
-                                failures.append(
-                                    f"{where}, {mode}, {rows} rows: {name} {ours[name].tolist()}"
-                                    f", SGLang's {value.tolist()}"
-                                )
-                        report["checked"] += 1
+                    ours = _sglang_pick(output, mode, rows)
+                    for name, value in expected.items():
+                        if value.dtype != ours[name].dtype or not torch.equal(value, ours[name]):
+                            failures.append(
+                                f"{where}, {mode}, {rows} rows: {name} {ours[name].tolist()}"
+                                f", SGLang's {value.tolist()}"
+                            )
+                    report["checked"] += 1
 
             # One rank's opt-in check fails: every rank still agrees, and keeps the gather.
             from sglang_dsa_mtp.integration import draft_argmax_exchange as site

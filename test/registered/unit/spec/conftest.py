@@ -1,11 +1,17 @@
 """Fixtures for the greedy-draft argmax exchange on SGLang's real classes, in one CPU process.
 
-``draft_head(...)`` builds SGLang's real ``ParallelLMHead`` and ``LogitsProcessor`` as TP rank 1 of 2:
-SGLang's runtime config is published (``override_server_args``) and the parallel context names an
-:class:`EmulatedPeerGroup` as the TP group. That group plays rank 0 from the full weight: its
-``all_gather`` puts rank 0's shard logits before ours (SGLang's gather) and its ``all_reduce`` adds
-rank 0's exchange buffer (the plugin's exchange), so both paths see a whole vocabulary and can be
-compared with the gathered reference. SGLang is imported inside the fixtures.
+``draft_head(...)`` builds an MTP deployment's LM heads the way SGLang builds them
+(:mod:`sglang_dsa_mtp.test.deployment`: a checkpoint's quant config, the target's and the NextN
+draft's ``ParallelLMHead``, the load step, the draft worker's ``init_lm_head`` sharing the target's
+head weight), as TP rank 1 of 2: SGLang's runtime config is published (``override_server_args``)
+and the parallel context names an :class:`EmulatedPeerGroup` as the TP group. The target head loads
+its shard of a full weight through its ``weight_loader``; the draft model's processor is SGLang's
+``LogitsProcessor``.
+
+The group plays rank 0 from the full weight: its ``all_gather`` puts rank 0's shard logits before
+ours (SGLang's gather) and its ``all_reduce`` adds rank 0's exchange buffer (the plugin's exchange),
+so both paths see a whole vocabulary and can be compared with the gathered reference. SGLang is
+imported inside the fixtures.
 """
 
 import contextlib
@@ -17,6 +23,7 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_partials
+from sglang_dsa_mtp.test import deployment
 from sglang_dsa_mtp.test.cpu_tp import reference_logits, shard_logits
 
 HIDDEN = 64
@@ -46,9 +53,15 @@ class EmulatedPeerGroup:
         )
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Peers' shards of ``hidden``; zeros for a gather of other rows (the opt-in's prebuild)."""
         self.calls.append("all_gather")
+        forward = self.hidden.shape[0] == tensor.shape[0]
         parts = [
-            tensor if r == self.rank_in_group else self.shard_logits(r)
+            (
+                tensor
+                if r == self.rank_in_group
+                else self.shard_logits(r) if forward else torch.zeros_like(tensor)
+            )
             for r in range(self.world_size)
         ]
         return torch.cat(parts, dim=dim)
@@ -73,10 +86,16 @@ class EmulatedPeerGroup:
 
 @dataclass
 class DraftHead:
+    """One deployment: the draft model (its ``processor`` and ``lm_head``), the target model, the
+    EAGLE v2 draft worker that joined them, and the emulated TP group."""
+
     processor: object
     lm_head: object
     group: EmulatedPeerGroup
     vocab_size: int
+    model: object  # the NextN draft model
+    target: object  # the target model
+    worker: object  # SGLang's EagleDraftWorker (built without a model runner)
 
     def metadata(self, mode: str, select_index=None, **fields):
         from sglang.srt.layers.logits_processor import LogitsMetadata
@@ -113,17 +132,18 @@ class DraftHead:
 
 @pytest.fixture
 def draft_head():
-    """``draft_head(vocab_size=..., dtype=..., **options)``: rank 1 of an emulated TP 2 draft head.
+    """``draft_head(vocab_size=..., dtype=..., checkpoint=..., **options)``: rank 1 of an emulated
+    TP 2 MTP deployment of ``deployment.CHECKPOINTS[checkpoint]`` (default ``"unquantized"``).
 
-    Each call installs its own group as SGLang's TP group: the head built last is the one whose
-    group SGLang's collectives reach.
+    Each call installs its own group as SGLang's TP group: the deployment built last is the one
+    whose group SGLang's collectives reach.
 
     Options: ``logit_scale``, ``final_logit_softcapping``, ``skip_all_gather``, ``tp_size``,
     ``enable_dp_lm_head``, ``attn_dp_size``, ``enable_tp_lm_head_all_to_all``, ``added_vocab``.
     """
     from sglang.srt.layers.logits_processor import LogitsProcessor
-    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
     from sglang.srt.runtime_context import get_context, get_parallel
+    from transformers import PretrainedConfig
 
     stack = contextlib.ExitStack()
     override = get_context().override_server_args()
@@ -134,6 +154,7 @@ def draft_head():
         vocab_size=1001,
         dtype=torch.bfloat16,
         *,
+        checkpoint="unquantized",
         seed=0,
         tp_size=2,
         logit_scale=None,
@@ -144,6 +165,7 @@ def draft_head():
         enable_tp_lm_head_all_to_all=False,
         added_vocab=0,
     ) -> DraftHead:
+        _, _, num_layers = deployment.model_classes(checkpoint)
         generator = torch.Generator().manual_seed(seed)
         full_weight = torch.randn(vocab_size, HIDDEN, generator=generator).to(dtype)
         placeholder = SimpleNamespace(world_size=tp_size, rank_in_group=min(1, tp_size - 1))
@@ -164,30 +186,45 @@ def draft_head():
             attn_tp_group=attn_placeholder,
         )
         stack.enter_context(get_parallel().override(**parallel))
-        lm_head = ParallelLMHead(
-            vocab_size + added_vocab,
+        target_head, draft_head = deployment.lm_heads(
+            checkpoint,
+            vocab_size,
             HIDDEN,
-            params_dtype=dtype,
-            org_num_embeddings=vocab_size,
+            dtype=dtype,
+            added_vocab=added_vocab,
+            use_attn_tp_group=get_parallel().enable_dp_lm_head,
+        )
+        target_head.weight.weight_loader(
+            target_head.weight, full_weight.to(target_head.weight.dtype)
         )
         group = EmulatedPeerGroup(
-            placeholder.rank_in_group, tp_size, full_weight, lm_head.num_embeddings_per_partition
+            placeholder.rank_in_group,
+            tp_size,
+            full_weight,
+            target_head.num_embeddings_per_partition,
         )
         group.logit_scale = logit_scale
         attn_group = group if attn_dp_size == 1 else attn_placeholder
         stack.enter_context(get_parallel().override(tp_group=group, attn_tp_group=attn_group))
-        width = lm_head.num_embeddings_per_partition
-        with torch.no_grad():
-            lm_head.weight.zero_()
-            rows = full_weight[group.rank_in_group * width : (group.rank_in_group + 1) * width]
-            lm_head.weight[: rows.shape[0]] = rows
-        config = SimpleNamespace(
-            vocab_size=vocab_size, final_logit_softcapping=final_logit_softcapping
+        config = PretrainedConfig(
+            vocab_size=vocab_size, hidden_size=HIDDEN, num_hidden_layers=num_layers
         )
+        if final_logit_softcapping is not None:
+            config.final_logit_softcapping = final_logit_softcapping
         processor = LogitsProcessor(
             config, skip_all_gather=skip_all_gather, logit_scale=logit_scale
         )
-        return DraftHead(processor, lm_head, group, vocab_size)
+        target, draft, worker = deployment.share_target_head(
+            checkpoint,
+            target_head,
+            draft_head,
+            dtype=dtype,
+            target_processor=LogitsProcessor(config),
+            draft_processor=processor,
+        )
+        return DraftHead(
+            processor, draft.lm_head, group, vocab_size, model=draft, target=target, worker=worker
+        )
 
     with stack:
         yield build

@@ -11,6 +11,7 @@ import copy
 import inspect
 import logging
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 
@@ -20,15 +21,14 @@ import torch
 from sglang.kernels.ops.speculative.topk1 import draft_topk1_postprocess
 from sglang.srt.environ import envs
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
-from sglang.srt.models.deepseek_nextn import DeepseekV3ForCausalLMNextN
 from sglang.srt.models.glm4_moe import GlmMoeDsaForCausalLMNextN
-from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
 from sglang_dsa_mtp.integration import draft_argmax_exchange as exchange_site
 from sglang_dsa_mtp.integration import eagle_draft_argmax as worker_site
 from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
 
 ROWS = 5
+CAPTURE_BS = [1, 2, 4, 8]  # the draft worker's captured batch sizes in these tests
 
 
 def hidden(rows=ROWS, seed=1, dtype=torch.bfloat16):
@@ -94,18 +94,102 @@ def test_each_failing_condition_keeps_the_gather_and_names_why(
     assert expected in line
 
 
-def test_a_lora_wrapped_or_quantized_head_keeps_the_gather(hooked, draft_head, caplog):
+def test_a_lora_wrapped_head_keeps_the_gather(hooked, draft_head, caplog):
     head = draft_head()
     head.lm_head.set_lora = lambda *args: None
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         assert head.processor.enable_draft_argmax_exchange(head.lm_head) is False
-    del head.lm_head.set_lora
-    head.lm_head.quant_method = SimpleNamespace()
+    assert any("LoRA-wrapped" in line for line in log_lines(caplog))
+
+
+# --- quantized checkpoints: engaged where SGLang's LM-head path is a plain matmul -----------------
+
+
+def sglang_applies_quant_method(head) -> bool:
+    """Whether SGLang's own ``LogitsProcessor._compute_lm_head`` calls the head's quant method
+    (its ``apply`` is recorded, not run: the quantized kernels need a GPU)."""
+    calls = []
+
+    def record(method, layer, x, bias=None):
+        calls.append(type(method).__name__)
+        return torch.zeros(x.shape[0], layer.num_embeddings_per_partition)
+
+    with mock.patch.object(type(head.lm_head.quant_method), "apply", record):
+        head.processor._compute_lm_head(hidden(rows=1), head.lm_head, None)
+    return bool(calls)
+
+
+# checkpoint (sglang_dsa_mtp.test.deployment.CHECKPOINTS) -> the draft head's quant method as SGLang builds it.
+PLAIN_MATMUL_HEADS = {
+    "unquantized": "UnquantizedEmbeddingMethod",
+    "fp8_block": "UnquantizedEmbeddingMethod",
+    "modelopt_fp4": "ModelOptFp4LinearMethod",
+    "modelopt_fp4_head_excluded": "UnquantizedLinearMethod",
+    "modelopt_fp8": "ModelOptFp8LinearMethod",
+}
+
+
+@pytest.mark.parametrize("checkpoint, quant_method", PLAIN_MATMUL_HEADS.items())
+def test_a_draft_head_sglang_runs_as_a_plain_matmul_engages_and_picks_sglangs_tokens(
+    checkpoint, quant_method, hooked, draft_head, caplog
+):
+    head = draft_head(checkpoint=checkpoint)
+    assert type(head.lm_head.quant_method).__name__ == quant_method
+    assert head.lm_head.weight is head.target.lm_head.weight, "SGLang shared the target's head"
+    assert head.lm_head.weight.dtype == torch.bfloat16
+    assert not sglang_applies_quant_method(head)
+    states = hidden(rows=3)
+    off = head.forward(states)
+    assert torch.equal(off.next_token_logits, head.gathered_logits(states))
+
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert head.processor.enable_draft_argmax_exchange(head.lm_head, max_rows=8)
+    [line] = log_lines(caplog)
+    assert f"LM-head quant method {quant_method} (not applied by SGLang)" in line
+    on = head.forward(states)
+    assert on.next_token_argmax_partials is not None
+
+    positions = torch.zeros(3, dtype=torch.int64)
+    _, ours = worker_site.draft_decode_pick(
+        draft_topk1_postprocess, on.next_token_logits, positions.clone()
+    )
+    _, sglang = draft_topk1_postprocess(off.next_token_logits, positions.clone())
+    assert torch.equal(ours, sglang), "draft decode: draft_topk1_postprocess's token"
+    _, ours = worker_site.draft_argmax_finalize(
+        on.next_token_argmax_partials, nan_policy="propagate"
+    )
+    sglang = torch.argmax(off.next_token_logits, dim=-1, keepdim=True)
+    assert torch.equal(ours, sglang), "draft extend: torch.argmax's token"
+
+
+def test_a_draft_head_whose_quant_method_sglang_applies_keeps_the_gather(
+    hooked, draft_head, caplog
+):
+    head = draft_head(checkpoint="modelopt_fp8_quantized_lm_head")
+    assert type(head.lm_head.quant_method).__name__ == "ModelOptFp8LinearMethod"
+    assert head.lm_head.weight is head.target.lm_head.weight
+    assert head.lm_head.weight.dtype == torch.float8_e4m3fn
+    assert sglang_applies_quant_method(head), "SGLang runs ModelOpt's FP8 LM-head kernel"
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         assert head.processor.enable_draft_argmax_exchange(head.lm_head) is False
-    lines = log_lines(caplog)
-    assert any("LoRA-wrapped" in line for line in lines)
-    assert any("quantized (SimpleNamespace)" in line for line in lines)
+    assert not engaged(head.processor)
+    [line] = log_lines(caplog)
+    assert (
+        "keeps the logits gather: SGLang applies the LM head's quant method "
+        "ModelOptFp8LinearMethod (a quantized LM-head kernel)" in line
+    )
+
+
+def test_the_gate_asks_the_quant_rule_sglangs_lm_head_path_calls(hooked):
+    """SGLang's logits module defines should_apply_lm_head_quant_method twice; _compute_lm_head
+    looks the name up at call time, and so does the gate."""
+    from sglang.srt.layers import logits_processor
+
+    compute = inspect.unwrap(LogitsProcessor._compute_lm_head)
+    rule = compute.__globals__["should_apply_lm_head_quant_method"]
+    assert rule is logits_processor.should_apply_lm_head_quant_method
+    assert rule.__code__.co_firstlineno > 1000, "the later of the two definitions"
+    assert exchange_site.sglang_logits is logits_processor
 
 
 def test_a_head_sharded_over_another_group_keeps_the_gather(hooked, draft_head, caplog):
@@ -260,30 +344,23 @@ def test_a_processor_that_did_not_opt_in_keeps_the_gather(hooked, draft_head):
 
 @pytest.fixture
 def draft_worker(hooked, draft_head):
-    """``draft_worker(**fields)``: a real ``EagleDraftWorker`` (built without a model runner) whose
-    draft model owns a real draft head, plus a target model with its own processor."""
+    """``draft_worker(checkpoint=..., **fields)``: SGLang's ``EagleDraftWorker`` of a
+    ``draft_head`` deployment (built without a model runner: its draft model owns the draft head,
+    the target model its own), drafting greedily with 3 steps; ``fields`` are set on the worker.
+    Returns the worker, the deployment and the target model."""
     hooked.setattr(
         worker_site, "get_spec", lambda: SimpleNamespace(speculative_use_rejection_sampling=False)
     )
-    hooked.setattr(worker_site, "get_batch_sizes_to_capture", lambda runner: ([1, 2, 4, 8], None))
+    hooked.setattr(worker_site, "get_batch_sizes_to_capture", lambda runner: (CAPTURE_BS, None))
 
-    def build(**fields):
-        target = draft_head(seed=5)
-        head = draft_head()  # built last: its group is the TP group
-        worker = object.__new__(EagleDraftWorker)
+    def build(checkpoint="unquantized", **fields):
+        head = draft_head(checkpoint=checkpoint)
+        worker = head.worker
         worker.topk = 1
-        worker.hot_token_id = None
-        worker.draft_runner = SimpleNamespace(
-            model=draft_model(DeepseekV3ForCausalLMNextN, head.processor, head.lm_head)
-        )
-        worker.target_worker = SimpleNamespace(
-            model_runner=SimpleNamespace(
-                model=SimpleNamespace(logits_processor=target.processor, lm_head=target.lm_head)
-            )
-        )
+        worker.speculative_num_steps = 3
         for name, value in fields.items():
             setattr(worker, name, value)
-        return worker, head, target
+        return worker, head, head.target
 
     return build
 
@@ -308,7 +385,7 @@ def test_a_greedy_cuda_draft_worker_opts_its_draft_model_in_and_not_the_target(d
     worker, head, target = draft_worker()
     assert run_capture_hook(worker) is True
     assert engaged(head.processor)
-    assert not engaged(target.processor), "the target model never opts in"
+    assert not engaged(target.logits_processor), "the target model never opts in"
 
 
 @pytest.mark.parametrize(
@@ -550,3 +627,134 @@ def test_a_hook_sglang_failed_to_apply_keeps_the_gather(draft_worker, hooked, ca
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         assert run_capture_hook(worker) is False
     assert any(f"did not apply the plugin's hooks on {target}" in m for m in log_lines(caplog))
+
+
+# --- compiled before the first request ------------------------------------------------------------
+
+
+def record_warm_ups(monkeypatch) -> list[dict]:
+    """Every ``warm_up`` call of the opt-in, recorded, then run for real."""
+    calls = []
+    real = exchange_site.warm_up
+
+    def recorder(**kwargs):
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(exchange_site, "warm_up", recorder)
+    return calls
+
+
+def test_the_opt_in_compiles_every_kernel_variant_for_the_captured_batch_sizes(
+    draft_worker, hooked
+):
+    calls = record_warm_ups(hooked)
+    worker, head, _ = draft_worker()
+    head.group.calls.clear()
+    assert run_capture_hook(worker) is True
+    [call] = calls
+    assert call == dict(
+        rows=CAPTURE_BS,
+        shard_width=head.lm_head.num_embeddings_per_partition,
+        tp_size=2,
+        vocab_size=head.vocab_size,
+        dtypes=(torch.bfloat16,),
+        device=head.lm_head.weight.device,
+        draft_steps=worker.speculative_num_steps,
+    )
+    assert "all_reduce" not in head.group.calls, "the warm-up runs no collective"
+
+
+def test_sglangs_capture_entry_opts_in_and_warms_up_before_it_captures(draft_worker, hooked):
+    """SGLang's own ``EagleDraftWorker._capture_cuda_graphs``, which its HookRegistry patched with
+    the plugin's BEFORE hook; SGLang's capture itself returns at once, as it does on a CPU."""
+    from sglang.srt.speculative import eagle_worker_v2
+
+    calls = record_warm_ups(hooked)
+    worker, head, _ = draft_worker()
+    hooked.setattr(eagle_worker_v2, "_is_cpu", True)
+    worker._capture_cuda_graphs()
+    assert engaged(head.processor)
+    assert [call["rows"] for call in calls] == [CAPTURE_BS]
+    assert (
+        worker.cuda_graph_runner is None
+    ), "SGLang's capture ran after the hook, capturing nothing"
+
+
+def test_a_processor_opted_in_directly_warms_up_for_one_row_and_its_max_rows(hooked, draft_head):
+    calls = record_warm_ups(hooked)
+    head = draft_head(dtype=torch.float32)
+    assert head.processor.enable_draft_argmax_exchange(head.lm_head, max_rows=16)
+    [call] = calls
+    assert call["rows"] == [1, 16] and call["dtypes"] == (torch.float32,)
+    assert call["draft_steps"] is None
+
+
+def test_an_fp32_lm_head_output_warms_up_fp32_logits_too(hooked, draft_head):
+    calls = record_warm_ups(hooked)
+    head = draft_head()
+    head.processor.use_fp32_lm_head_output = True
+    assert head.processor.enable_draft_argmax_exchange(head.lm_head)
+    assert calls[0]["dtypes"] == (torch.bfloat16, torch.float32)
+
+
+def test_a_warm_up_that_fails_keeps_the_gather(draft_worker, hooked, caplog):
+    def broken(**kwargs):
+        raise RuntimeError("ptxas died")
+
+    hooked.setattr(exchange_site, "warm_up", broken)
+    worker, head, _ = draft_worker()
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert run_capture_hook(worker) is False
+    assert not engaged(head.processor)
+    [line] = log_lines(caplog)
+    assert "compiling the exchange kernels ahead failed (RuntimeError: ptxas died)" in line
+
+
+# --- what decided it: one INFO line per draft worker ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "setup, engages, expected",
+    [
+        (
+            dict(checkpoint="modelopt_fp4"),
+            True,
+            "sglang_dsa_mtp: draft_argmax_exchange on: greedy draft exchanges argmax partials "
+            "(draft model GlmMoeDsaForCausalLMNextN, topk 1, tp size 2, LM-head quant method "
+            "ModelOptFp4LinearMethod (not applied by SGLang), head dtype bfloat16, all-reduce CPU "
+            "shared memory or torch.distributed, kernel variants compiled ahead 4)",
+        ),
+        (
+            dict(topk=2),
+            False,
+            "sglang_dsa_mtp: draft_argmax_exchange off: greedy draft keeps the logits gather: "
+            "--speculative-eagle-topk is 2: drafts need probabilities (draft model "
+            "DeepseekV3ForCausalLMNextN, topk 2, tp size 2)",
+        ),
+        (
+            dict(checkpoint="modelopt_fp8_quantized_lm_head"),
+            False,
+            "sglang_dsa_mtp: draft_argmax_exchange off: greedy draft keeps the logits gather: "
+            "SGLang applies the LM head's quant method ModelOptFp8LinearMethod (a quantized "
+            "LM-head kernel) (draft model GlmMoeDsaForCausalLMNextN, topk 1, tp size 2, LM-head "
+            "quant method ModelOptFp8LinearMethod (applied by SGLang), head dtype float8_e4m3fn)",
+        ),
+    ],
+    ids=["engaged-nvfp4-head", "stopped-by-topk-2", "stopped-by-a-quantized-lm-head"],
+)
+def test_a_draft_worker_logs_one_line_with_the_facts_that_decided(
+    setup, engages, expected, draft_worker, caplog
+):
+    worker, _, _ = draft_worker(**setup)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert run_capture_hook(worker) is engages
+    assert log_lines(caplog) == [expected]
+
+
+def test_the_decision_is_logged_once_per_process(draft_worker, caplog):
+    worker, _, _ = draft_worker(topk=2)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        run_capture_hook(worker)
+        run_capture_hook(worker)
+    assert len(log_lines(caplog)) == 1

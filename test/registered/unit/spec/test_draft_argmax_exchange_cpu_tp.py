@@ -5,7 +5,8 @@
 This is the part of the TP test that needs SGLang's runtime (absent where the GPU tests run from the wheel's files):
 the exchange off gathers logits bit-identical to the per-shard reference, the opt-in engages on
 the group's CPU all-reduce, and the exchange on gives the same tokens, ``topk_p``, positions and
-draft tokens as SGLang's pick from the gathered logits (draft decode and draft extend). The GPU
+draft tokens as SGLang's pick from the gathered logits (draft decode and draft extend), for plain
+heads and for a ModelOpt NVFP4 checkpoint's NextN draft head sharing the target's bf16 weight. The GPU
 side (NCCL and symmetric-memory all-reduce, CUDA graphs) is
 ``kernels/ops/speculative/test_draft_argmax_exchange_tp.py``. The body of each process is
 ``sglang_dsa_mtp.test.cpu_tp.exchange_on_off_worker``.
@@ -24,7 +25,7 @@ WORLD = 2
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU (gloo) harness; this machine has CUDA")
 def test_logits_processor_exchange_on_and_off_pick_the_same_tokens_in_a_cpu_tp_group(tmp_path):
-    run_group(exchange_on_off_worker, WORLD, str(tmp_path), timeout_s=300)
+    run_group(exchange_on_off_worker, WORLD, str(tmp_path), timeout_s=900)
     reports = read_reports(str(tmp_path), WORLD)
     assert [r["rank"] for r in reports] == list(range(WORLD))
     for report in reports:
@@ -40,8 +41,13 @@ def test_logits_processor_exchange_on_and_off_pick_the_same_tokens_in_a_cpu_tp_g
         assert report["route"] == "CPU shared memory or torch.distributed", where
         assert report["agreed"] is not None, f"{where}: rank 1's objection reached every rank"
         assert report["engaged_when_rank_1_fails"] is False, where
-        # 2 dtypes x 2 logit scales x (decode rows 1..5 + draft extend)
-        assert report["checked"] == 2 * 2 * 6, where
+        assert report["quantized"] == dict(
+            checkpoint="modelopt_fp4",
+            quant_method="ModelOptFp4LinearMethod",
+            weight_dtype="torch.bfloat16",
+        ), f"{where}: the NVFP4 draft head keeps its method and takes the target's bf16 weight"
+        # (2 dtypes x 2 logit scales + the NVFP4 draft head) x (decode rows 1..5 + draft extend)
+        assert report["checked"] == (2 * 2 + 1) * 6, where
         assert [(a["dtype"], a["sum_ok"]) for a in report["all_reduce"]] == [
             ("torch.float32", True),
             ("torch.bfloat16", True),

@@ -45,11 +45,18 @@ compare semantics (NaN-propagating max, flush-to-zero) of the GPU or of the inte
 Both kernels are CUDA-graph capturable: no host synchronization, the grid depends only on
 ``(rows, shard_width)``, and ``out=`` takes a persistent exchange buffer (it is overwritten whole
 on every call, so it may be the previous step's all-reduced buffer).
+
+Compiling ahead
+---------------
+:func:`warm_up` launches, on scratch tensors, every variant a greedy draft's call sites launch for
+one deployment (its shard width, TP size, logits dtypes and draft steps), so that Triton compiles
+them all before the first request instead of on it.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Optional
 
 import torch
@@ -376,6 +383,59 @@ def draft_argmax_finalize(
         num_warps=FINALIZE_NUM_WARPS,
     )
     return topk_p, topk_index
+
+
+def warm_up(
+    *,
+    rows: Sequence[int],
+    shard_width: int,
+    tp_size: int,
+    vocab_size: int,
+    dtypes: Sequence[torch.dtype],
+    device: torch.device,
+    draft_steps: Optional[int] = None,
+) -> tuple[str, ...]:
+    """Compile every variant the greedy draft's call sites launch, on scratch tensors only.
+
+    ``rows``: the row counts the calls will have (the captured batch sizes); ``shard_width``,
+    ``tp_size``, ``vocab_size``: the LM head's layout; ``dtypes``: the logits dtypes its matmul can
+    produce (bf16 and/or fp32); ``draft_steps``: the columns of the draft-token buffer the draft
+    decode pick writes (``--speculative-num-steps``), or None when it writes none.
+
+    Launches :func:`draft_argmax_partials` once per dtype, and :func:`draft_argmax_finalize` as
+    its three call sites do: ``sanitize`` with positions and a ``[rows, draft_steps]`` draft-token
+    buffer, ``sanitize`` with positions only (draft decode: a chain that does not fit), and
+    ``propagate`` alone (draft extend), with int64 positions and tokens, as SGLang passes them.
+    A row count only sizes the grid of both kernels (no argument, hence no Triton specialization,
+    depends on it), so each variant is launched once, at the smallest of ``rows``; the GPU test
+    ``test_draft_argmax_compiles.py`` sweeps every row count after this and counts zero compiles.
+    Nothing outside the scratch tensors is read or written. Returns the variants launched.
+    """
+    rows = list(rows)
+    if not rows or any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in rows):
+        raise ValueError(f"rows must be a non-empty sequence of ints >= 1, got {rows!r}")
+    dtypes = tuple(dict.fromkeys(dtypes))
+    if not dtypes or any(dtype not in LOGITS_DTYPES for dtype in dtypes):
+        raise ValueError(f"dtypes must be a non-empty choice of {LOGITS_DTYPES}, got {dtypes!r}")
+    _check_int("shard_width", shard_width, low=1)
+    if draft_steps is not None:
+        _check_int("draft_steps", draft_steps, low=1)
+    scratch_rows = min(rows)
+    variants, exchange = [], None
+    for dtype in dtypes:
+        logits = torch.zeros((scratch_rows, shard_width), dtype=dtype, device=device)
+        exchange = draft_argmax_partials(logits, tp_rank=0, tp_size=tp_size, vocab_size=vocab_size)
+        variants.append(f"partials {str(dtype).removeprefix('torch.')}")
+    positions = torch.zeros(scratch_rows, dtype=torch.int64, device=device)
+    if draft_steps is not None:
+        draft_tokens = torch.zeros((scratch_rows, draft_steps), dtype=torch.int64, device=device)
+        draft_argmax_finalize(exchange, positions, draft_tokens, draft_steps - 1)
+        variants.append("finalize sanitize, positions and draft tokens")
+    draft_argmax_finalize(exchange, positions)
+    variants.append("finalize sanitize, positions")
+    draft_argmax_finalize(exchange, nan_policy="propagate")
+    variants.append("finalize propagate")
+    return tuple(variants)
 
 
 def _check_int(name: str, value, *, low: int) -> None:

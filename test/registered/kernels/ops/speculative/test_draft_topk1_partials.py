@@ -353,6 +353,75 @@ def test_finalize_argument_errors_name_the_argument(kwargs, error, match):
         dap.draft_argmax_finalize(**args, nan_policy=policy)
 
 
+@pytest.mark.parametrize("split_n", [8], indirect=True)
+def test_warm_up_launches_each_call_site_variant_once(split_n, monkeypatch):
+    launches = []
+    for name in ("draft_argmax_partials", "draft_argmax_finalize"):
+        real = getattr(dap, name)
+
+        def record(*args, _real=real, _name=name, **kwargs):
+            launches.append((_name, args, kwargs))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(dap, name, record)
+    variants = dap.warm_up(
+        rows=[4, 2, 8],
+        shard_width=24,
+        tp_size=2,
+        vocab_size=40,
+        dtypes=[torch.bfloat16, torch.float32, torch.bfloat16],
+        device=CPU,
+        draft_steps=3,
+    )
+    assert variants == (
+        "partials bfloat16",
+        "partials float32",
+        "finalize sanitize, positions and draft tokens",
+        "finalize sanitize, positions",
+        "finalize propagate",
+    )
+    partials = [args[0] for name, args, _ in launches if name == "draft_argmax_partials"]
+    assert [(p.dtype, tuple(p.shape)) for p in partials] == [
+        (torch.bfloat16, (2, 24)),
+        (torch.float32, (2, 24)),
+    ], "one launch per dtype, at the smallest row count, the shard's width"
+    finalize = [
+        (args, kwargs) for name, args, kwargs in launches if name == "draft_argmax_finalize"
+    ]
+    positions, tokens, column = finalize[0][0][1:]
+    assert positions.dtype == torch.int64 and positions.shape == (2,)
+    assert tokens.dtype == torch.int64 and tokens.shape == (2, 3) and column == 2
+    assert len(finalize[1][0]) == 2 and finalize[2][1] == dict(nan_policy="propagate")
+
+
+def test_warm_up_without_draft_steps_skips_the_draft_token_variant(split_n):
+    variants = dap.warm_up(
+        rows=[1], shard_width=8, tp_size=2, vocab_size=16, dtypes=[torch.float32], device=CPU
+    )
+    assert variants == ("partials float32", "finalize sanitize, positions", "finalize propagate")
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(rows=[]), ValueError, "rows must be a non-empty sequence"),
+        (dict(rows=[0, 4]), ValueError, "rows must be a non-empty sequence of ints >= 1"),
+        (dict(dtypes=[]), ValueError, "dtypes must be a non-empty choice"),
+        (dict(dtypes=[torch.float16]), ValueError, "dtypes must be a non-empty choice"),
+        (dict(shard_width=0), ValueError, "shard_width must be >= 1"),
+        (dict(draft_steps=0), ValueError, "draft_steps must be >= 1"),
+        (dict(vocab_size=33), ValueError, r"vocab_size \(33\) must be <= tp_size"),
+    ],
+)
+def test_warm_up_argument_errors_name_the_argument(kwargs, error, match):
+    args = dict(
+        rows=[1], shard_width=16, tp_size=2, vocab_size=20, dtypes=[torch.bfloat16], device=CPU
+    )
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        dap.warm_up(**args)
+
+
 def test_the_reference_is_sglangs_own_file():
     module = topk1_module()
     assert module.__file__.endswith("sglang/kernels/ops/speculative/topk1.py")

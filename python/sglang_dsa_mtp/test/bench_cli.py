@@ -85,7 +85,11 @@ def add_timing_arguments(parser) -> None:
         metavar="NAME=v1,v2",
         help=f"sweep one of our tunables {TUNABLE} (repeatable: every combination is timed)",
     )
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument(
+        "--calls", type=int, default=20, help="calls captured back to back in one CUDA graph"
+    )
+    parser.add_argument(
+        "--replays", type=int, default=30, help="graph replays per figure (the median is taken)"
+    )
     parser.add_argument("--hot-l2", action="store_true", help="skip the cold-L2 memsets")
     parser.add_argument("--json", help="write every measurement to this file")

@@ -162,37 +162,41 @@ def one_launch_out_graph(original, self, forward_batch, in_capture=False):
     try:
         write_draft_decode_metadata(self, forward_batch, bs)
     except Exception as exc:  # never take the server down: SGLang's path rewrites every buffer
-        reason = f"the one launch raised {type(exc).__name__}: {exc}"
-        getattr(self, GATES)[bs] = reason
-        log_once(
-            logging.ERROR,
-            ("one-launch-failed", id(self), bs),
-            "sglang_dsa_mtp: MTP draft-decode metadata for bs %d falls back to SGLang's path: %s",
-            bs,
-            reason,
-        )
+        _fall_back(self, bs, f"the one launch raised {type(exc).__name__}: {exc}")
         return original(self, forward_batch, in_capture=False)
     return None
 
 
+def _fall_back(multi, bs: int, reason: str) -> None:
+    """``bs`` takes SGLang's precompute + copies for good; logged once at ERROR."""
+    getattr(multi, GATES)[bs] = reason
+    log_once(
+        logging.ERROR,
+        ("one-launch-failed", id(multi), bs),
+        "sglang_dsa_mtp: MTP draft-decode metadata for bs %d falls back to SGLang's path: %s",
+        bs,
+        reason,
+    )
+
+
 def _warm_up_one_launch(multi, forward_batch, bs: int) -> None:
-    """Compile the one launch's kernel variant for ``bs`` (on twin buffers), outside stream capture;
-    a failure is logged, and the first replay of ``bs`` compiles or falls back."""
+    """Compile the one launch's kernel variant for ``bs`` on twin buffers, outside stream capture
+    (inside one: skipped, its first replay compiles); a warm-up that raises sends ``bs`` to
+    SGLang's path, as the replay would."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        log_once(
+            logging.WARNING,
+            ("one-launch-warm-up-in-capture", id(multi)),
+            "sglang_dsa_mtp: MTP draft-decode metadata captured inside a stream capture: not warmed "
+            "up, its first replay compiles",
+        )
+        return
     try:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the capture batch arrived inside a stream capture")
         warm_up(
             fused_dsa_draft_decode_metadata_multi, **one_launch_kwargs(multi, forward_batch, bs)
         )
     except Exception as exc:
-        log_once(
-            logging.ERROR,
-            ("one-launch-warm-up-failed", id(multi), bs),
-            "sglang_dsa_mtp: warming up the MTP draft-decode one launch of bs %d failed (%s: %s)",
-            bs,
-            type(exc).__name__,
-            exc,
-        )
+        _fall_back(multi, bs, f"its warm-up raised {type(exc).__name__}: {exc}")
 
 
 def one_launch_kwargs(multi, forward_batch, bs: int) -> dict:

@@ -152,6 +152,22 @@ def test_the_mtp_one_launch_is_warmed_up_per_captured_bs_with_its_replay_call(
         assert signature(warm) == signature(replayed[warm["bs"]])
 
 
+def test_a_raising_one_launch_warm_up_sends_that_bs_to_sglangs_path(dsa_server, hooked, caplog):
+    def raising(kernel, **kwargs):
+        if kwargs["bs"] == 4:
+            raise RuntimeError("injected failure")
+
+    hooked.setattr(mtp, "warm_up", raising)
+    server = dsa_server()
+    multi = server.multi_step(4, seeded=True)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        server.capture(multi, ForwardMode.DECODE, [1, 4])
+    gates = getattr(multi, mtp.GATES)
+    assert gates[1] is None
+    assert "its warm-up raised RuntimeError: injected failure" in gates[4]
+    assert "bs 4 falls back to SGLang's path" in caplog.text
+
+
 def test_no_warm_up_inside_a_stream_capture(dsa_server, spies, hooked, caplog):
     warm_ups, _, _ = spies
     server = dsa_server()

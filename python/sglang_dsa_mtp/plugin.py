@@ -66,6 +66,7 @@ class PluginAttribute:
 
 
 _DSA_MANAGER = "sglang.srt.layers.attention.dsa.dsa_metadata_manager.DSAMetadataManagementMixin"
+_DSA_BACKEND = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
 _DSA_MULTI_STEP = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
 _LOGITS = "sglang.srt.layers.logits_processor"
 _EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
@@ -80,14 +81,23 @@ _LIVE_LOGITS = "sglang_dsa_mtp.integration.dsa_indexer_live_logits"
 
 # Every effect this plugin has on SGLang: (switch, SGLang target, hook type, our hook).
 HOOKS: tuple[PluginHook, ...] = (
-    # Bounded DSA replay-metadata kernels, once SGLang has picked its own (CUDA, kpool 1, no fusion).
+    # Bounded DSA replay-metadata kernels, once SGLang has picked its own (CUDA, kpool 1, no fusion),
+    # each with SGLang's kernel as its per-bs fallback.
     PluginHook(
         BOUNDED_REPLAY_METADATA,
         f"{_DSA_MANAGER}._init_kpool_metadata_fusion",
         HookType.AFTER,
         "sglang_dsa_mtp.integration.dsa_metadata_selection:select_bounded_metadata_kernels",
     ),
-    # One-launch MTP draft-decode metadata: keep the seed flag, then replay per captured bs.
+    # At capture, as each bs's graph metadata is built: compile the kernel its replays will launch.
+    PluginHook(
+        BOUNDED_REPLAY_METADATA,
+        f"{_DSA_BACKEND}._build_forward_metadata_cuda_graph",
+        HookType.AFTER,
+        "sglang_dsa_mtp.integration.dsa_metadata_capture:warm_up_captured_bs",
+    ),
+    # One-launch MTP draft-decode metadata: keep the seed flag, then capture (deciding and warming
+    # up per bs) and replay.
     PluginHook(
         BOUNDED_REPLAY_METADATA,
         f"{_DSA_MULTI_STEP}.__init__",

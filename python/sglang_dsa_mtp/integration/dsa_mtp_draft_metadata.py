@@ -8,14 +8,17 @@ buffers. Here, for a captured bs whose step backends' tables match, one bounded 
 
 - ``set_dsa_prefill_impl(None)`` and ``forward_metadata = metadata``, as the stock copies do;
 - FlashMLA tile metadata (``flashmla_kv`` decode), computed once and copied into every step, as stock;
-- the DeepGEMM paged-MQA schedule, the top-k v2 plan and the 2-D context lengths, refreshed for
-  EVERY step backend when the draft's top-k is not seeded from draft extend (stock leaves steps 0-2
-  un-refreshed when there are 4 or more step backends), and for none when it is seeded: seeded steps
-  never run the indexer, the only reader of the three.
+- the DeepGEMM paged-MQA schedule, the top-k v2 plan and the 2-D context lengths, fresh for EVERY
+  step backend when the draft's top-k is not seeded from draft extend (stock leaves steps 0-2
+  un-refreshed when it has 3 or more step backends): computed once, by SGLang's own refresh on step
+  0, and copied into the other steps (their inputs are identical); for none when it is seeded:
+  seeded steps never run the indexer, the only reader of the three.
 
 Two hooks: AROUND ``__init__`` keeps the ``seed_dsa_topk_from_draft_extend`` flag (SGLang does not
-store it), and AROUND ``init_forward_metadata_out_graph`` decides the gate per captured bs (at
-capture, logged once per bs) and takes the one-launch path on replay.
+store it), and AROUND ``init_forward_metadata_out_graph`` decides the gate per captured bs at capture
+(one INFO line per multi-step backend, one more per bs that decides otherwise), compiles the one
+launch's kernel variant for that bs there (on twin buffers, outside stream capture), and takes the
+one-launch path on replay.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ import torch
 from sglang.srt.layers.attention.dsa_backend import _to_2d_context_lens
 from sglang.srt.utils import is_cuda, is_hip
 
-from sglang_dsa_mtp.integration.log import log_once
+from sglang_dsa_mtp.integration.log import log_once, logger
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     MAX_DESTINATIONS,
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
 )
+from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import warm_up
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
 
 SEEDED = "_sglang_dsa_mtp_seeded"  # the constructor's seed_dsa_topk_from_draft_extend
@@ -98,24 +102,51 @@ def _decide(multi, bs: int) -> str | None:
     gates = multi.__dict__.setdefault(GATES, {})
     if bs not in gates:
         gates[bs] = why_not_one_launch(multi, bs)
-        if gates[bs] is None:
-            log_once(
-                logging.INFO,
-                ("one-launch", id(multi), bs),
-                "sglang_dsa_mtp: MTP draft-decode metadata for bs %d: one launch for %d steps",
-                bs,
-                len(multi.attn_backends),
-            )
-        else:
-            log_once(
-                logging.INFO,
-                ("one-launch-off", id(multi), bs),
-                "sglang_dsa_mtp: MTP draft-decode metadata for bs %d keeps SGLang's "
-                "precompute + copies: %s",
-                bs,
-                gates[bs],
-            )
+        _report(multi, bs, gates)
     return gates[bs]
+
+
+def _report(multi, bs: int, gates: dict) -> None:
+    """The multi-step backend's start-up line at its first decided bs; a line per later bs that
+    decides otherwise."""
+    reason = gates[bs]
+    outcome = (
+        "uses one launch" if reason is None else f"keeps SGLang's precompute + copies: {reason}"
+    )
+    if len(gates) > 1:
+        first = next(iter(gates.values()))
+        if (reason is None) != (first is None):
+            logger.info("sglang_dsa_mtp: MTP draft-decode metadata for bs %d %s", bs, outcome)
+        return
+    logger.info(
+        "sglang_dsa_mtp: one-launch MTP draft-decode metadata %s for the MTP draft-decode "
+        "backend (%s); first captured bs %d %s",
+        "on" if reason is None else "off",
+        _facts(multi),
+        bs,
+        outcome,
+    )
+
+
+def _facts(multi) -> str:
+    """What decides the one-launch path and what it does per step, for the log."""
+    backends = getattr(multi, "attn_backends", [])
+    facts = [f"{len(backends)} step backends"]
+    if hasattr(multi, SEEDED):
+        facts.append(
+            "seeded steps: indexer plans not refreshed"
+            if getattr(multi, SEEDED)
+            else "unseeded steps: indexer plans refreshed once per round, copied to every step"
+        )
+    if backends:
+        first = backends[0]
+        facts += [
+            f"index_kpool {getattr(first, 'dsa_index_kpool', '?')}",
+            "KPool fusion "
+            + ("on" if getattr(first, "experimental_kpool_metadata_fusion", False) else "off"),
+            f"decode impl {getattr(first, 'dsa_decode_impl', '?')}",
+        ]
+    return ", ".join(facts)
 
 
 def one_launch_out_graph(original, self, forward_batch, in_capture=False):
@@ -123,35 +154,58 @@ def one_launch_out_graph(original, self, forward_batch, in_capture=False):
     bs = forward_batch.batch_size
     if in_capture:
         result = original(self, forward_batch, in_capture=True)
-        _decide(self, bs)
+        if _decide(self, bs) is None:
+            _warm_up_one_launch(self, forward_batch, bs)
         return result
     if _decide(self, bs) is not None:
         return original(self, forward_batch, in_capture=False)
     try:
         write_draft_decode_metadata(self, forward_batch, bs)
     except Exception as exc:  # never take the server down: SGLang's path rewrites every buffer
-        reason = f"the one launch raised {type(exc).__name__}: {exc}"
-        getattr(self, GATES)[bs] = reason
-        log_once(
-            logging.ERROR,
-            ("one-launch-failed", id(self), bs),
-            "sglang_dsa_mtp: MTP draft-decode metadata for bs %d falls back to SGLang's path: %s",
-            bs,
-            reason,
-        )
+        _fall_back(self, bs, f"the one launch raised {type(exc).__name__}: {exc}")
         return original(self, forward_batch, in_capture=False)
     return None
 
 
-def write_draft_decode_metadata(multi, forward_batch, bs: int) -> None:
-    """The one-launch replay: every step backend's metadata for ``bs``, then its per-step work."""
+def _fall_back(multi, bs: int, reason: str) -> None:
+    """``bs`` takes SGLang's precompute + copies for good; logged once at ERROR."""
+    getattr(multi, GATES)[bs] = reason
+    log_once(
+        logging.ERROR,
+        ("one-launch-failed", id(multi), bs),
+        "sglang_dsa_mtp: MTP draft-decode metadata for bs %d falls back to SGLang's path: %s",
+        bs,
+        reason,
+    )
+
+
+def _warm_up_one_launch(multi, forward_batch, bs: int) -> None:
+    """Compile the one launch's kernel variant for ``bs`` on twin buffers, outside stream capture
+    (inside one: skipped, its first replay compiles); a warm-up that raises sends ``bs`` to
+    SGLang's path, as the replay would."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        log_once(
+            logging.WARNING,
+            ("one-launch-warm-up-in-capture", id(multi)),
+            "sglang_dsa_mtp: MTP draft-decode metadata captured inside a stream capture: not warmed "
+            "up, its first replay compiles",
+        )
+        return
+    try:
+        warm_up(
+            fused_dsa_draft_decode_metadata_multi, **one_launch_kwargs(multi, forward_batch, bs)
+        )
+    except Exception as exc:
+        _fall_back(multi, bs, f"its warm-up raised {type(exc).__name__}: {exc}")
+
+
+def one_launch_kwargs(multi, forward_batch, bs: int) -> dict:
+    """The one launch's keyword arguments for a replay of ``bs``."""
     backends = multi.attn_backends
     metas = [backend.decode_cuda_graph_metadata[bs] for backend in backends]
     first, m0 = backends[0], metas[0]
-    for backend in backends:
-        backend.set_dsa_prefill_impl(forward_batch=None)
     page_size = first.physical_page_size
-    fused_dsa_draft_decode_metadata_multi(
+    return dict(
         seq_lens=forward_batch.seq_lens,
         req_pool_indices=forward_batch.req_pool_indices,
         req_to_token=first.req_to_token,
@@ -171,17 +225,66 @@ def write_draft_decode_metadata(multi, forward_batch, bs: int) -> None:
         dsa_index_topk=first.dsa_index_topk,
         physical_page_size=page_size,
     )
+
+
+def write_draft_decode_metadata(multi, forward_batch, bs: int) -> None:
+    """The one-launch replay: every step backend's metadata for ``bs``, then its per-step work."""
+    backends = multi.attn_backends
+    metas = [backend.decode_cuda_graph_metadata[bs] for backend in backends]
+    first, m0 = backends[0], metas[0]
+    for backend in backends:
+        backend.set_dsa_prefill_impl(forward_batch=None)
+    fused_dsa_draft_decode_metadata_multi(**one_launch_kwargs(multi, forward_batch, bs))
     if first.dsa_decode_impl == "flashmla_kv":
         flashmla = first._compute_flashmla_metadata(
             cache_seqlens=m0.dsa_cache_seqlens_int32[:bs], seq_len_q=1
         )
         for m in metas:
             m.flashmla_metadata.slice(slice(0, bs + 1)).copy_(flashmla)
-    refresh = not getattr(multi, SEEDED)
+    if not getattr(multi, SEEDED):
+        refresh_indexer_plans_once(backends, metas, bs)
     for backend, m in zip(backends, metas):
-        if refresh:
-            _refresh_indexer_plans(backend, m, bs)
         backend.forward_metadata = m
+
+
+# The indexer's per-step plans: each is recomputed from the step's lengths (identical in every step
+# after the one launch) and copied into the step's captured buffer.
+_PLANS = ("paged_mqa_schedule_metadata", "topk_v2_plan", "paged_mqa_ctx_lens_2d")
+
+
+def refresh_indexer_plans_once(backends, metas, bs: int) -> None:
+    """What SGLang's per-step replay refreshes for each step's indexer, computed once: SGLang's own
+    refresh on step 0, then one batched copy of step 0's plans into every other step (a step whose
+    buffers differ from step 0's in shape or dtype gets SGLang's own refresh instead)."""
+    _refresh_indexer_plans(backends[0], metas[0], bs)
+    dsts, srcs = [], []
+    for backend, m in zip(backends[1:], metas[1:]):
+        pairs = _plan_copies(metas[0], m, bs)
+        if pairs is None:
+            _refresh_indexer_plans(backend, m, bs)
+        else:
+            dsts += [dst for dst, _ in pairs]
+            srcs += [src for _, src in pairs]
+    if dsts:
+        torch._foreach_copy_(dsts, srcs)
+
+
+def _plan_copies(src, dst, bs: int):
+    """(destination, source) pairs that give ``dst`` what SGLang's refresh would, or None when a
+    buffer does not match ``src``'s (``dst`` is then refreshed on its own)."""
+    pairs = []
+    for name in _PLANS:
+        want, have = getattr(src, name), getattr(dst, name)
+        if want is None and have is None:
+            continue
+        if have is None and name == "paged_mqa_ctx_lens_2d":
+            # SGLang's refresh stores a (bs, 1) view of the step's own lengths here.
+            object.__setattr__(dst, name, _to_2d_context_lens(dst.cache_seqlens_int32, bs))
+            continue
+        if want is None or have is None or want.shape != have.shape or want.dtype != have.dtype:
+            return None
+        pairs.append((have, want))
+    return pairs
 
 
 def _refresh_indexer_plans(backend, metadata, bs: int) -> None:

@@ -413,3 +413,98 @@ def check_draft_decode_metadata(device: torch.device) -> CheckResult:
     return CheckResult(
         True, detail + " (SGLang time: its decode kernel + copies)", ours_us, stock_us
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# SGLang's replay calls at captured batch sizes (for the compile-count test)
+# ------------------------------------------------------------------------------------------------
+
+
+class CapturedBuffers:
+    """The graph buffers of one DSA backend (kpool 1, speculative decoding) as SGLang 0.5.23 allocates
+    them, on ``req_to_token``'s device: ``init_cuda_graph_state`` makes one ``[max_rows, width]``
+    page table, and ``_build_forward_metadata_cuda_graph`` gives each captured bs a row slice of it
+    and fresh length vectors, compact table and expanded lengths. The graph runner's input buffers
+    (``seq_lens``, ``req_pool_indices``: int64, ``max_bs``) are sliced to ``bs`` at each replay."""
+
+    def __init__(self, req_to_token, *, max_bs: int, next_n: int, page_size: int, topk: int):
+        self.req_to_token, self.next_n = req_to_token, next_n
+        self.page_size, self.topk = page_size, topk
+        self.device, self.width = req_to_token.device, req_to_token.shape[1]
+        self.page_table = torch.zeros(
+            max_bs * next_n, self.width, dtype=torch.int32, device=self.device
+        )
+        self.seq_lens = torch.ones(max_bs, dtype=torch.int64, device=self.device)
+        self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
+        self._per_bs: dict[tuple[str, int], dict] = {}
+
+    def _int32(self, *shape):
+        return torch.zeros(shape, dtype=torch.int32, device=self.device)
+
+    def replay_kwargs(self, op: str, bs: int) -> dict:
+        """The keyword arguments of SGLang's replay call of ``op`` at ``bs``, on this backend's
+        captured buffers (the same objects at every call)."""
+        if (op, bs) not in self._per_bs:
+            rows = bs if op == "decode" else bs * self.next_n
+            buffers = dict(
+                cache_seqlens=self._int32(bs),
+                cu_seqlens_k=self._int32(bs + 1),
+                page_table_1=self.page_table[:rows],
+                dsa_cache_seqlens=self._int32(rows),
+                dsa_cu_seqlens_k=self._int32(rows + 1),
+                real_page_table=(
+                    self._int32(rows, triton.cdiv(self.width, self.page_size))
+                    if self.page_size > 1
+                    else self.page_table[:rows]
+                ),
+            )
+            if op != "decode":
+                buffers["seqlens_expanded"] = self._int32(rows)
+            self._per_bs[op, bs] = buffers
+        kwargs = dict(
+            seq_lens=self.seq_lens[:bs],
+            req_pool_indices=self.req_pool_indices[:bs],
+            req_to_token=self.req_to_token,
+            **self._per_bs[op, bs],
+            bs=bs,
+            dsa_index_topk=self.topk,
+            physical_page_size=self.page_size,
+        )
+        if op == "decode":
+            kwargs["max_len"] = self.width
+        else:
+            kwargs["max_seqlen_k"] = self.width
+        if op == "verify":
+            kwargs.update(next_n=self.next_n, paged_mqa_ctx_lens_2d=None)
+        if op == "draft_extend":
+            kwargs.update(
+                extend_seq_lens=torch.full(
+                    (bs,), self.next_n, dtype=torch.int32, device=self.device
+                ),
+                total_len=bs * self.next_n,
+                max_extend_len=self.next_n,
+                max_total_len=bs * self.next_n,
+                static_extend_len=True,
+            )
+        return kwargs
+
+
+def one_launch_kwargs(steps: list[CapturedBuffers], bs: int, seq_lens, req_pool_indices) -> dict:
+    """The one launch's keyword arguments into MTP draft step backends' decode buffers at ``bs``."""
+    first = steps[0].replay_kwargs("decode", bs)
+    names = draft.DecodeMetadataDestination._fields
+    return dict(
+        seq_lens=seq_lens,
+        req_pool_indices=req_pool_indices,
+        req_to_token=first["req_to_token"],
+        destinations=[
+            draft.DecodeMetadataDestination(
+                **{name: step.replay_kwargs("decode", bs)[name] for name in names}
+            )
+            for step in steps
+        ],
+        bs=bs,
+        max_len=first["max_len"],
+        dsa_index_topk=first["dsa_index_topk"],
+        physical_page_size=first["physical_page_size"],
+    )

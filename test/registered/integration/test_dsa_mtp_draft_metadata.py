@@ -24,6 +24,8 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_dsa_mtp import plugin
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
+from sglang_dsa_mtp.test.dsa_backends import metadata_tensors as dsa_metadata_tensors
+from sglang_dsa_mtp.test.dsa_backends import poison
 from sglang_dsa_mtp.test.metadata_cases import POISON, make_case
 
 WIDTH, PAGE, TOPK, MAX_BS = 300, 64, 200, 4
@@ -176,17 +178,33 @@ def test_seeded_steps_skip_the_indexer_refreshes(hooked):
         assert backend.calls == ["set_dsa_prefill_impl"]
 
 
-@pytest.mark.parametrize("steps", [1, 3, 4])
-def test_unseeded_steps_refresh_schedule_and_plan_at_every_step_backend(hooked, steps):
-    """Stock SGLang leaves steps 0-2 un-refreshed with 4+ step backends; here every step refreshes."""
-    multi = build_multi(hooked, steps=steps, seeded=False)
-    multi.init_forward_metadata_out_graph(replay_batch([129, 0, 300], [5, 2, 7]))
-    for backend in multi.attn_backends:
-        assert backend.calls == [
-            "set_dsa_prefill_impl",
-            ("schedule", [129, 0, 300]),
-            "topk_v2_plan",
-        ]
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_unseeded_steps_get_the_plans_sglangs_per_step_refresh_computes(dsa_server, steps):
+    """On SGLang's real multi-step backend, built, captured and replayed by SGLang (CPU stand-ins for
+    DeepGEMM's schedule and the top-k plan, counted): the one launch computes the schedule and the
+    plan once per replay and copies them into every step; a second backend on SGLang's own path
+    (its per-step loop, which refreshes every step) ends with the same bits in every buffer."""
+    server = dsa_server(num_steps=steps + 1)
+    ours, stock = (server.multi_step(4, seeded=False) for _ in range(2))
+    for multi in (ours, stock):
+        server.capture(multi, ForwardMode.DECODE, [4])
+    stock.__dict__[mtp.GATES][4] = "the reference arm runs SGLang's path"
+    for lengths, slots in (([129, 0, 250, 64], [5, 2, 7, 1]), ([3, 299, 1, 200], [1, 3, 6, 4])):
+        calls = []
+        for multi in (ours, stock):
+            for backend in multi.attn_backends:
+                poison(backend.decode_cuda_graph_metadata[4], POISON)
+            before = dict(server.calls)
+            server.replay(multi, ForwardMode.DECODE, lengths, slots)
+            calls.append({k: v - before.get(k, 0) for k, v in server.calls.items()})
+        assert calls[0] == {"schedule": 1, "topk_plan": 1}
+        assert calls[1] == {"schedule": steps, "topk_plan": steps}
+        for i, (a, b) in enumerate(zip(ours.attn_backends, stock.attn_backends)):
+            got = dsa_metadata_tensors(a.decode_cuda_graph_metadata[4])
+            want = dsa_metadata_tensors(b.decode_cuda_graph_metadata[4])
+            for name in ("paged_mqa_schedule_metadata", "topk_v2_plan", "paged_mqa_ctx_lens_2d"):
+                assert torch.equal(got[name], want[name]), f"step {i}: {name}"
+            assert a.forward_metadata is a.decode_cuda_graph_metadata[4]
 
 
 def test_capture_runs_sglang_and_decides_the_gate_per_bs(hooked, caplog):

@@ -35,6 +35,7 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import (
     default_budget,
 )
 from sglang_dsa_mtp.kernels.ops.host import next_power_of_2
+from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans
 
 MAX_DESTINATIONS = 4  # draft step backends one launch serves (EAGLE speculative_num_steps <= 5)
 
@@ -62,7 +63,8 @@ class DecodeMetadataDestination(NamedTuple):
         "num_splits",
         "page_table_stride_0",
         "real_page_table_stride_0",
-    ]
+    ],
+    do_not_specialize_on_alignment=["seq_lens", "req_pool_indices"],
 )
 def _draft_decode_metadata_kernel(
     seq_lens,
@@ -216,6 +218,18 @@ def fused_dsa_draft_decode_metadata_multi(
     ``req_to_token``. ``budget``: the most page-table programs the launch may use (at least one per
     request); None uses :func:`~sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded.default_budget`.
     """
+    key = (
+        bs,
+        max_len,
+        dsa_index_topk,
+        physical_page_size,
+        budget,
+        bounded.tuning(),
+        id(req_to_token),
+        *_buffer_ids(destinations),
+    )
+    if _PLANS.launch_cached(key, (seq_lens, req_pool_indices)):
+        return
     destinations = _check_destinations(
         seq_lens,
         req_pool_indices,
@@ -258,33 +272,51 @@ def fused_dsa_draft_decode_metadata_multi(
     page_table_1, real_page_table, _, _ = tables[0]
     budget = default_budget(seq_lens.device) if budget is None else budget
     num_splits = bounded_num_splits(bs, max_len, budget)
-    _draft_decode_metadata_kernel[(1 + bs * num_splits,)](
-        seq_lens,
-        req_pool_indices,
-        req_to_token,
-        *slots,
-        seq_lens.stride(0),
-        req_pool_indices.stride(0),
-        req_to_token.stride(0),
-        req_to_token.stride(1),
-        page_table_1.stride(0),
-        page_table_1.stride(1),
-        real_page_table.stride(0),
-        real_page_table.stride(1),
-        bs,
-        max_len,
-        num_splits,
-        dsa_index_topk,
-        physical_page_size,
-        has_pt1,
-        has_real,
-        len(destinations),
-        BLOCK_BS=next_power_of_2(bs),
-        BLOCK_N=bounded.BLOCK_N,
-        TILE_N=bounded.TILE_N,
-        NUM_STAGES=bounded.NUM_STAGES,
+    _PLANS.launch(
+        key,
+        (1 + bs * num_splits,),
+        (
+            seq_lens,
+            req_pool_indices,
+            req_to_token,
+            *slots,
+            seq_lens.stride(0),
+            req_pool_indices.stride(0),
+            req_to_token.stride(0),
+            req_to_token.stride(1),
+            page_table_1.stride(0),
+            page_table_1.stride(1),
+            real_page_table.stride(0),
+            real_page_table.stride(1),
+            bs,
+            max_len,
+            num_splits,
+            dsa_index_topk,
+            physical_page_size,
+            has_pt1,
+            has_real,
+            len(destinations),
+        ),
+        dict(
+            BLOCK_BS=next_power_of_2(bs),
+            BLOCK_N=bounded.BLOCK_N,
+            TILE_N=bounded.TILE_N,
+            NUM_STAGES=bounded.NUM_STAGES,
+        ),
+        input_len=bs,
         num_warps=bounded.NUM_WARPS,
     )
+
+
+_PLANS = LaunchPlans(_draft_decode_metadata_kernel, num_inputs=2)
+
+
+def _buffer_ids(destinations) -> tuple:
+    """The identity of every buffer of ``destinations`` (any object: the checks come later)."""
+    try:
+        return (len(destinations), *(id(t) for dest in destinations for t in dest))
+    except TypeError:
+        return (id(destinations),)
 
 
 # ----------------------------------------------------------------------------------------------

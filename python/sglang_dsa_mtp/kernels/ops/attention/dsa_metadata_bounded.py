@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from sglang_dsa_mtp.kernels.ops.host import cdiv, next_power_of_2
+from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans, specialization_twin
 
 BLOCK_N = 128  # SGLang's column block: the write region is whole blocks of this many columns
 TILE_N = 256  # columns one program moves per loop iteration (a multiple of BLOCK_N)
@@ -53,6 +54,12 @@ def default_budget(device: torch.device) -> int:
 @functools.lru_cache(maxsize=None)
 def _multiprocessor_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def tuning() -> tuple:
+    """The module constants a launch depends on (benchmarks and tests override them): part of
+    every launch plan's key."""
+    return BLOCK_N, TILE_N, NUM_STAGES, NUM_WARPS, MAX_SPLITS_PER_REQUEST, PROGRAMS_PER_SM
 
 
 def bounded_num_splits(requests: int, width: int, budget: int) -> int:
@@ -307,7 +314,8 @@ def _store_expanded_seqlens(
         "num_splits",
         "page_table_stride_0",
         "real_page_table_stride_0",
-    ]
+    ],
+    do_not_specialize_on_alignment=["seq_lens", "req_pool_indices"],
 )
 def _bounded_decode_metadata_kernel(
     seq_lens,
@@ -408,6 +416,23 @@ def fused_dsa_decode_metadata_bounded(
     ``physical_page_size > 1`` (only ``real_page_table`` is written); with page size 1
     ``real_page_table`` is ``page_table_1``.
     """
+    key = (
+        bs,
+        max_len,
+        dsa_index_topk,
+        physical_page_size,
+        budget,
+        tuning(),
+        id(req_to_token),
+        id(cache_seqlens),
+        id(cu_seqlens_k),
+        id(page_table_1),
+        id(dsa_cache_seqlens),
+        id(dsa_cu_seqlens_k),
+        id(real_page_table),
+    )
+    if _DECODE_PLANS.launch_cached(key, (seq_lens, req_pool_indices)):
+        return
     _check_common(
         seq_lens,
         req_pool_indices,
@@ -430,37 +455,42 @@ def fused_dsa_decode_metadata_bounded(
     )
     budget = default_budget(seq_lens.device) if budget is None else budget
     num_splits = bounded_num_splits(bs, max_len, budget)
-    _bounded_decode_metadata_kernel[(1 + bs * num_splits,)](
-        seq_lens,
-        req_pool_indices,
-        req_to_token,
-        cache_seqlens,
-        cu_seqlens_k,
-        page_table_1,
-        dsa_cache_seqlens,
-        dsa_cu_seqlens_k,
-        real_page_table,
-        seq_lens.stride(0),
-        req_pool_indices.stride(0),
-        req_to_token.stride(0),
-        req_to_token.stride(1),
-        page_table_1.stride(0),
-        page_table_1.stride(1),
-        real_page_table.stride(0),
-        real_page_table.stride(1),
-        bs,
-        max_len,
-        num_splits,
-        dsa_index_topk,
-        physical_page_size,
-        has_pt1,
-        has_real,
-        BLOCK_BS=next_power_of_2(bs),
-        BLOCK_N=BLOCK_N,
-        TILE_N=TILE_N,
-        NUM_STAGES=NUM_STAGES,
+    _DECODE_PLANS.launch(
+        key,
+        (1 + bs * num_splits,),
+        (
+            seq_lens,
+            req_pool_indices,
+            req_to_token,
+            cache_seqlens,
+            cu_seqlens_k,
+            page_table_1,
+            dsa_cache_seqlens,
+            dsa_cu_seqlens_k,
+            real_page_table,
+            seq_lens.stride(0),
+            req_pool_indices.stride(0),
+            req_to_token.stride(0),
+            req_to_token.stride(1),
+            page_table_1.stride(0),
+            page_table_1.stride(1),
+            real_page_table.stride(0),
+            real_page_table.stride(1),
+            bs,
+            max_len,
+            num_splits,
+            dsa_index_topk,
+            physical_page_size,
+            has_pt1,
+            has_real,
+        ),
+        dict(BLOCK_BS=next_power_of_2(bs), BLOCK_N=BLOCK_N, TILE_N=TILE_N, NUM_STAGES=NUM_STAGES),
+        input_len=bs,
         num_warps=NUM_WARPS,
     )
+
+
+_DECODE_PLANS = LaunchPlans(_bounded_decode_metadata_kernel, num_inputs=2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -475,7 +505,8 @@ def fused_dsa_decode_metadata_bounded(
         "num_splits",
         "page_table_stride_0",
         "real_page_table_stride_0",
-    ]
+    ],
+    do_not_specialize_on_alignment=["seq_lens", "req_pool_indices"],
 )
 def _bounded_target_verify_metadata_kernel(
     seq_lens,
@@ -596,6 +627,26 @@ def fused_dsa_target_verify_metadata_bounded(
     Each request's ``next_n`` expanded page-table rows are written from one read of its
     ``req_to_token`` row. ``budget`` as in :func:`fused_dsa_decode_metadata_bounded`.
     """
+    key = (
+        bs,
+        max_seqlen_k,
+        dsa_index_topk,
+        physical_page_size,
+        next_n,
+        budget,
+        tuning(),
+        id(req_to_token),
+        id(cache_seqlens),
+        id(cu_seqlens_k),
+        id(page_table_1),
+        id(seqlens_expanded),
+        id(dsa_cache_seqlens),
+        id(dsa_cu_seqlens_k),
+        id(real_page_table),
+        id(paged_mqa_ctx_lens_2d),
+    )
+    if _VERIFY_PLANS.launch_cached(key, (seq_lens, req_pool_indices)):
+        return
     rows = bs * next_n
     _check_common(
         seq_lens,
@@ -636,44 +687,54 @@ def fused_dsa_target_verify_metadata_bounded(
     ctx_lens = paged_mqa_ctx_lens_2d if has_ctx_lens else cache_seqlens
     budget = default_budget(seq_lens.device) if budget is None else budget
     num_splits = bounded_num_splits(bs, max_seqlen_k, budget)
-    _bounded_target_verify_metadata_kernel[(1 + bs * num_splits,)](
-        seq_lens,
-        req_pool_indices,
-        req_to_token,
-        cache_seqlens,
-        cu_seqlens_k,
-        page_table_1,
-        seqlens_expanded,
-        dsa_cache_seqlens,
-        dsa_cu_seqlens_k,
-        real_page_table,
-        ctx_lens,
-        seq_lens.stride(0),
-        req_pool_indices.stride(0),
-        req_to_token.stride(0),
-        req_to_token.stride(1),
-        page_table_1.stride(0),
-        page_table_1.stride(1),
-        real_page_table.stride(0),
-        real_page_table.stride(1),
-        paged_mqa_ctx_lens_2d.stride(0) if has_ctx_lens else 0,
-        paged_mqa_ctx_lens_2d.stride(1) if has_ctx_lens else 0,
-        bs,
-        max_seqlen_k,
-        num_splits,
-        dsa_index_topk,
-        next_n,
-        physical_page_size,
-        has_pt1,
-        has_real,
-        has_ctx_lens,
-        BLOCK_BS=next_power_of_2(bs),
-        BLOCK_EXPANDED=next_power_of_2(rows),
-        BLOCK_N=BLOCK_N,
-        TILE_N=TILE_N,
-        NUM_STAGES=NUM_STAGES,
+    _VERIFY_PLANS.launch(
+        key,
+        (1 + bs * num_splits,),
+        (
+            seq_lens,
+            req_pool_indices,
+            req_to_token,
+            cache_seqlens,
+            cu_seqlens_k,
+            page_table_1,
+            seqlens_expanded,
+            dsa_cache_seqlens,
+            dsa_cu_seqlens_k,
+            real_page_table,
+            ctx_lens,
+            seq_lens.stride(0),
+            req_pool_indices.stride(0),
+            req_to_token.stride(0),
+            req_to_token.stride(1),
+            page_table_1.stride(0),
+            page_table_1.stride(1),
+            real_page_table.stride(0),
+            real_page_table.stride(1),
+            paged_mqa_ctx_lens_2d.stride(0) if has_ctx_lens else 0,
+            paged_mqa_ctx_lens_2d.stride(1) if has_ctx_lens else 0,
+            bs,
+            max_seqlen_k,
+            num_splits,
+            dsa_index_topk,
+            next_n,
+            physical_page_size,
+            has_pt1,
+            has_real,
+            has_ctx_lens,
+        ),
+        dict(
+            BLOCK_BS=next_power_of_2(bs),
+            BLOCK_EXPANDED=next_power_of_2(rows),
+            BLOCK_N=BLOCK_N,
+            TILE_N=TILE_N,
+            NUM_STAGES=NUM_STAGES,
+        ),
+        input_len=bs,
         num_warps=NUM_WARPS,
     )
+
+
+_VERIFY_PLANS = LaunchPlans(_bounded_target_verify_metadata_kernel, num_inputs=2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -689,7 +750,8 @@ def fused_dsa_target_verify_metadata_bounded(
         "num_splits",
         "page_table_stride_0",
         "real_page_table_stride_0",
-    ]
+    ],
+    do_not_specialize_on_alignment=["seq_lens", "extend_seq_lens", "req_pool_indices"],
 )
 def _bounded_draft_extend_metadata_kernel(
     seq_lens,
@@ -832,6 +894,28 @@ def fused_dsa_draft_extend_metadata_bounded(
     Each request's ``extend_seq_lens[r]`` page-table rows (at most ``next_power_of_2(max_extend_len)``,
     as in SGLang) are written from one read of its ``req_to_token`` row.
     """
+    key = (
+        bs,
+        total_len,
+        max_seqlen_k,
+        dsa_index_topk,
+        physical_page_size,
+        max_extend_len,
+        max_total_len,
+        static_extend_len,
+        budget,
+        tuning(),
+        id(req_to_token),
+        id(cache_seqlens),
+        id(cu_seqlens_k),
+        id(page_table_1),
+        id(seqlens_expanded),
+        id(dsa_cache_seqlens),
+        id(dsa_cu_seqlens_k),
+        id(real_page_table),
+    )
+    if _DRAFT_EXTEND_PLANS.launch_cached(key, (seq_lens, extend_seq_lens, req_pool_indices)):
+        return
     _check_common(
         seq_lens,
         req_pool_indices,
@@ -875,44 +959,54 @@ def fused_dsa_draft_extend_metadata_bounded(
     )
     budget = default_budget(seq_lens.device) if budget is None else budget
     num_splits = bounded_num_splits(bs, max_seqlen_k, budget)
-    _bounded_draft_extend_metadata_kernel[(1 + bs * num_splits,)](
-        seq_lens,
-        extend_seq_lens,
-        req_pool_indices,
-        req_to_token,
-        cache_seqlens,
-        cu_seqlens_k,
-        page_table_1,
-        seqlens_expanded,
-        dsa_cache_seqlens,
-        dsa_cu_seqlens_k,
-        real_page_table,
-        seq_lens.stride(0),
-        extend_seq_lens.stride(0),
-        req_pool_indices.stride(0),
-        req_to_token.stride(0),
-        req_to_token.stride(1),
-        page_table_1.stride(0),
-        page_table_1.stride(1),
-        real_page_table.stride(0),
-        real_page_table.stride(1),
-        bs,
-        total_len,
-        max_seqlen_k,
-        num_splits,
-        dsa_index_topk,
-        physical_page_size,
-        has_pt1,
-        has_real,
-        bool(static_extend_len),
-        BLOCK_BS=next_power_of_2(bs),
-        BLOCK_EXPANDED=next_power_of_2(max_total_len),
-        BLOCK_ROWS=next_power_of_2(max_extend_len),
-        BLOCK_N=BLOCK_N,
-        TILE_N=TILE_N,
-        NUM_STAGES=NUM_STAGES,
+    _DRAFT_EXTEND_PLANS.launch(
+        key,
+        (1 + bs * num_splits,),
+        (
+            seq_lens,
+            extend_seq_lens,
+            req_pool_indices,
+            req_to_token,
+            cache_seqlens,
+            cu_seqlens_k,
+            page_table_1,
+            seqlens_expanded,
+            dsa_cache_seqlens,
+            dsa_cu_seqlens_k,
+            real_page_table,
+            seq_lens.stride(0),
+            extend_seq_lens.stride(0),
+            req_pool_indices.stride(0),
+            req_to_token.stride(0),
+            req_to_token.stride(1),
+            page_table_1.stride(0),
+            page_table_1.stride(1),
+            real_page_table.stride(0),
+            real_page_table.stride(1),
+            bs,
+            total_len,
+            max_seqlen_k,
+            num_splits,
+            dsa_index_topk,
+            physical_page_size,
+            has_pt1,
+            has_real,
+            bool(static_extend_len),
+        ),
+        dict(
+            BLOCK_BS=next_power_of_2(bs),
+            BLOCK_EXPANDED=next_power_of_2(max_total_len),
+            BLOCK_ROWS=next_power_of_2(max_extend_len),
+            BLOCK_N=BLOCK_N,
+            TILE_N=TILE_N,
+            NUM_STAGES=NUM_STAGES,
+        ),
+        input_len=bs,
         num_warps=NUM_WARPS,
     )
+
+
+_DRAFT_EXTEND_PLANS = LaunchPlans(_bounded_draft_extend_metadata_kernel, num_inputs=3)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1000,3 +1094,42 @@ def _page_tables(page_table_1, real_page_table, rows, width, page_size, device):
     if not has_pt1:
         page_table_1 = real_page_table
     return page_table_1, real_page_table, has_pt1, has_real
+
+
+# ----------------------------------------------------------------------------------------------
+# Warm-up: compile a call's kernel variant ahead of the call
+# ----------------------------------------------------------------------------------------------
+
+_TABLES = ("page_table_1", "real_page_table")  # context-wide tables: twins share one row
+
+
+def warm_up(wrapper, **kwargs) -> None:
+    """Compile (or find in Triton's cache) the kernel variant that ``wrapper(**kwargs)`` launches,
+    without touching any buffer of ``kwargs``.
+
+    ``wrapper`` is one of this module's three wrappers or
+    ``dsa_draft_decode_metadata.fused_dsa_draft_decode_metadata_multi``; ``kwargs`` are the keyword
+    arguments of the real call. The call is made on :func:`specialization_twin` copies of every buffer
+    (a ``destinations`` list is twinned field by field), with every request at length 0 in slot 0;
+    ``extend_seq_lens`` keeps its values. ``req_to_token`` itself is passed (read-only): the kernels
+    then read at most its first 128-column block of slot 0. Triton specializes on the twins as on the
+    buffers, so the real call finds its kernel compiled. Must not run while a CUDA graph is captured
+    (the launch would join the graph).
+    """
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("warm_up launches a kernel: call it outside CUDA-graph capture")
+    wrapper(**{name: _twin(name, value) for name, value in kwargs.items()})
+
+
+def _twin(name: str, value):
+    if name == "req_to_token" or not isinstance(value, (torch.Tensor, list, tuple)):
+        return value
+    if isinstance(value, (list, tuple)):  # MTP destinations: twin each buffer of each NamedTuple
+        return [
+            dest._replace(**{field: _twin(field, getattr(dest, field)) for field in dest._fields})
+            for dest in value
+        ]
+    twin = specialization_twin(value, shared_rows=name in _TABLES)
+    if name == "extend_seq_lens":
+        twin.copy_(value)
+    return twin

@@ -10,8 +10,6 @@ the floor = the launch gap of a one-element kernel in a graph + the bytes the op
 device-to-device copy bandwidth.
 
     python test/registered/kernels/benchmark/attention/bench_dsa_metadata_bounded.py
-    # host microseconds per call instead (wrapper + launch, 200 queued calls, arms in turn, median of 21):
-    python .../bench_dsa_metadata_bounded.py --host --live 1024 --bs 16
     # tuning sweep of our kernel's tunables:
     python .../bench_dsa_metadata_bounded.py --arms bounded --tune TILE_N=256,512 --tune budget=528,1056
     # per-call time against the live length, 1k to 1M, drawn with the floors (matplotlib):
@@ -19,10 +17,28 @@ device-to-device copy bandwidth.
         --json sweep.json --plot sweep.png
     # the same plot from an earlier run's --json file, on any machine (no GPU needed):
     python .../bench_dsa_metadata_bounded.py --plot-from sweep.json --plot sweep.png
+
+``--host`` times host microseconds per call instead, what runs on the CPU before every graph replay
+(wrapper + launch; 200 back-to-back calls with the GPU work queued, arms in turn, median of 21
+rounds), each arm called as the server calls it, on the same buffers at every call:
+
+* decode, target verify, draft extend: ``sglang`` is SGLang's kernel wrapper with the keyword
+  arguments of its replay; ``ours`` is what the plugin puts in its place, our wrapper behind the
+  per-bs fallback (``integration.fallback.with_fallback``), with the same arguments;
+* ``draft_decode`` (the MTP draft-decode replay, ``--steps`` step backends): ``sglang`` is its
+  precompute (a ``torch.empty`` scratch and SGLang's decode kernel) plus the copies into every step
+  backend, one ``torch._foreach_copy_`` standing in for SGLang's JIT copy kernel (not on a machine
+  running from SGLang's files); ``sglang precompute`` is the precompute alone, a floor for SGLang's
+  arm whatever its copy costs; ``ours`` is the one launch, its destinations built per call as the
+  plugin builds them.
+
+    python .../bench_dsa_metadata_bounded.py --host --live 1024 --bs 1,4,16 \
+        --ops decode,verify,draft_extend,draft_decode
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import sys
@@ -30,6 +46,7 @@ import sys
 import torch
 import triton
 
+from sglang_dsa_mtp.integration.fallback import with_fallback
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.test.bench_cli import (
     add_timing_arguments,
@@ -43,7 +60,13 @@ from sglang_dsa_mtp.test.bench_cli import (
     variant_name,
     write_json,
 )
-from sglang_dsa_mtp.test.metadata_cases import make_case
+from sglang_dsa_mtp.test.metadata_cases import (
+    kernel_for,
+    make_case,
+    run_draft_decode_multi,
+    run_stock_draft_decode,
+    stock_scratch,
+)
 from sglang_dsa_mtp.test.timing import (
     copy_bandwidth_bytes_per_us,
     cuda_graph_time_us,
@@ -54,7 +77,12 @@ from sglang_dsa_mtp.test.timing import (
 WIDTH = 1_048_640  # cdiv(WIDTH, 128) = 8193 column blocks
 PAGE = 64
 NEXT_N = 5
-OP_NAMES = {"decode": "decode", "verify": "target verify", "draft_extend": "draft extend"}
+OP_NAMES = {
+    "decode": "decode",
+    "verify": "target verify",
+    "draft_extend": "draft extend",
+    "draft_decode": "MTP draft decode",
+}
 ARMS = ("sglang", "sglang_kpool", "bounded")
 # The plot's curves: measurement key -> legend label.
 PLOTTED = {"sglang": "SGLang unbounded", "sglang_kpool": "SGLang KPool, kpool 1", "ours": "ours"}
@@ -80,12 +108,37 @@ def time_arm(case, arm, out, args, overrides=None) -> float:
         )
 
 
+def host_calls(op, case, out, steps: int) -> dict:
+    """Each host arm of ``op`` on ``case`` (a decode case for ``draft_decode``), bound to its
+    arguments and buffers, called as the server calls it."""
+    kwargs = case.kwargs(out)
+    if op != "draft_decode":
+        sglang = kernel_for(case.op, "sglang")
+        ours = with_fallback(kernel_for(case.op, "bounded"), sglang, what=case.op)
+        return {
+            "sglang": functools.partial(sglang, **kwargs),
+            "ours": functools.partial(ours, **kwargs),
+        }
+    outs = [case.outputs() for _ in range(steps)]
+
+    def precompute():
+        scratch = stock_scratch(case)
+        kernel_for("decode", "sglang")(**case.kwargs(scratch))
+
+    return {
+        "sglang": functools.partial(run_stock_draft_decode, case, outs, foreach=True),
+        "sglang precompute": precompute,
+        "ours": functools.partial(run_draft_decode_multi, case, outs),
+    }
+
+
 def build_parser():
     parser = benchmark_parser(__doc__)
     parser.add_argument(
         "--ops",
         default="decode,verify,draft_extend",
-        help=f"ops to time, comma-separated, any of {tuple(OP_NAMES)}",
+        help=f"ops to time, comma-separated, any of {tuple(OP_NAMES)}; draft_decode (the MTP "
+        "replay) with --host only",
     )
     parser.add_argument(
         "--live",
@@ -98,7 +151,12 @@ def build_parser():
         "--arms", default=",".join(ARMS), help=f"arms to time, comma-separated, any of {ARMS}"
     )
     parser.add_argument(
-        "--host", action="store_true", help="host us per call (wrapper + launch), not GPU time"
+        "--host",
+        action="store_true",
+        help="host us per call (wrapper + launch) of SGLang's call and ours, not GPU time",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=3, help="--host draft_decode: MTP draft step backends (1-4)"
     )
     add_timing_arguments(parser)
     parser.add_argument(
@@ -134,6 +192,10 @@ def main(argv=None) -> int:
         parser.error("--host times the wrappers with our default tunables; drop --tune and --plot")
     if not set(args.ops.split(",")) <= set(OP_NAMES):
         parser.error(f"--ops takes a comma-separated subset of {tuple(OP_NAMES)}, got {args.ops!r}")
+    if "draft_decode" in args.ops.split(",") and not args.host:
+        parser.error(
+            "draft_decode is timed on the GPU by bench_dsa_draft_decode_metadata.py; here with --host"
+        )
     if not set(args.arms.split(",")) <= set(ARMS):
         parser.error(f"--arms takes a comma-separated subset of {ARMS}, got {args.arms!r}")
     if not torch.cuda.is_available():
@@ -157,12 +219,20 @@ def main(argv=None) -> int:
         f"# launch floor {launch:.2f} us, copy bandwidth {bandwidth / 1e6:.2f} TB/s (read + write)"
     )
 
+    if args.host:
+        one = torch.zeros(1, device="cuda")
+        floor = host_times_us({"one torch launch": lambda: one.add_(1)})["one torch launch"]
+        print(f"# host floor: one PyTorch kernel launch (a one-element add_) costs {floor:.1f} us")
+
     req_to_token = torch.randint(
         0, 1 << 30, (2 * max(batch_sizes), WIDTH), dtype=torch.int32, device="cuda"
     )
-    columns = [a for a in arms if a != "bounded"]
-    if "bounded" in arms:
-        columns += [variant_name(v) for v in variants]
+    if args.host:
+        columns = ["sglang", "sglang precompute", "ours"]
+    else:
+        columns = [a for a in arms if a != "bounded"]
+        if "bounded" in arms:
+            columns += [variant_name(v) for v in variants]
     tail = ["ours - sglang"] if args.host else ["floor", "best ours / floor"]
     header = ["op", "live KV", "bs", *columns, *tail]
     print(markdown_header(header))
@@ -171,7 +241,7 @@ def main(argv=None) -> int:
         for live in lives:
             for bs in batch_sizes:
                 case = make_case(
-                    op,
+                    "decode" if op == "draft_decode" else op,
                     [live] * bs,
                     width=WIDTH,
                     device="cuda",
@@ -181,11 +251,8 @@ def main(argv=None) -> int:
                 )
                 out = case.outputs()
                 row = {}
-                if args.host:  # every arm's wrapper, arguments bound beforehand, timed in turn
-                    calls = {a: case.call(a, out) for a in arms}
-                    row = host_times_us(
-                        {a if a != "bounded" else "ours": f for a, f in calls.items()}
-                    )
+                if args.host:  # every arm, arguments bound beforehand, timed in turn
+                    row = host_times_us(host_calls(op, case, out, args.steps))
                 for arm in [] if args.host else arms:
                     if arm != "bounded":
                         row[arm] = time_arm(case, arm, out, args)
@@ -195,7 +262,7 @@ def main(argv=None) -> int:
                 floor = launch + bytes_moved(case) / bandwidth
                 ours = [v for k, v in row.items() if k.startswith("ours")]
                 cells = [OP_NAMES[op], f"{live // 1024}k", str(bs)]
-                cells += [f"{row[c]:.1f}" for c in columns]
+                cells += [f"{row[c]:.1f}" if c in row else "-" for c in columns]
                 if args.host:
                     over = min(ours) - row["sglang"] if ours and "sglang" in row else None
                     cells += [f"{over:+.1f}" if over is not None else "-"]

@@ -213,6 +213,9 @@ class _GridRecorder:
         self.grids.append(grid)
         return self.kernel[grid]
 
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
 
 @pytest.mark.parametrize("num_dest", [1, 4])
 @pytest.mark.parametrize("bs,budget", [(1, None), (3, 5), (8, 1), (2, 100_000)])
@@ -220,7 +223,7 @@ def test_grid_depends_only_on_bs_width_and_budget_never_on_live_lengths(
     num_dest, bs, budget, monkeypatch
 ):
     recorder = _GridRecorder(draft._draft_decode_metadata_kernel)
-    monkeypatch.setattr(draft, "_draft_decode_metadata_kernel", recorder)
+    monkeypatch.setattr(draft._PLANS, "kernel", recorder)
     for lengths in ([0] * bs, [SMALL_WIDTH] * bs, [1, 300, 129, 0, 128, 5, 299, 77][:bs]):
         case = decode_case(lengths)
         run_draft_decode_multi(case, [case.outputs() for _ in range(num_dest)], budget=budget)

@@ -1,0 +1,198 @@
+"""Kernel launches that skip Triton's per-call dispatch once a call's plan is known.
+
+A ``kernel[grid](...)`` call goes through ``JITFunction.run``: bind and specialize every argument,
+build the cache key, look the compiled kernel up, then call its launcher. On an H200 with Triton 3.6
+that costs 13.3 us of host time with 4 arguments and 23.4 us with 24 (measured), and the
+replay-metadata wrappers run before every CUDA-graph replay. Yet at every replay of a captured batch
+size they launch the same kernel with the same arguments, but for the per-replay inputs (the
+request lengths and slots).
+
+:class:`LaunchPlans` keeps one plan per call key. The wrapper's key holds everything that decides
+Triton's choice of compiled kernel and the launch arguments but the inputs: its scalar arguments,
+its tunables, and the identity (``id``) of each buffer. A plan holds its buffers weakly and is
+dropped as soon as one of them is freed, so an ``id`` is never mistaken for a later object's. The
+per-replay inputs are the kernel's first parameters; the kernels do not specialize on their
+alignment (``do_not_specialize_on_alignment``), and a plan accepts new inputs only with the dtype
+and stride it was built with, 1-D, with at least ``input_len`` entries, on its device.
+
+The first call of a key goes through Triton's JIT, which compiles if needed and returns the compiled
+kernel; each later call with that key and acceptable inputs calls the compiled kernel's launcher
+directly, with the arguments ``JITFunction.run`` passes it (Triton 3.4 to 3.8:
+``run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata, enter_hook,
+exit_hook, *every_parameter_value)``), on the stream Triton would use, but for tensors given as
+their ``data_ptr()`` (the launcher takes an int as the device address; a plan holds no tensor, so
+its buffers can be freed). Anything else takes the JIT path again, so a launch through a plan is
+the launch the JIT would have made. Under Triton's
+interpreter (no compiled kernels) every call takes the JIT path. Buffers are identified by object:
+resizing or re-pointing a buffer in place (``resize_``, ``set_``, ``.data =``) under a live plan is
+not supported (SGLang's graph buffers are never changed so; a captured graph would break too).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import triton
+
+MAX_PLANS = 1024  # per kernel; past this many live plans, all are dropped and rebuilt on demand
+
+
+class _Plan:
+    """One key's compiled kernel, grid and launch arguments (but the inputs)."""
+
+    __slots__ = (
+        "compiled",
+        "run",
+        "function",
+        "packed_metadata",
+        "grid",
+        "device",
+        "get_device",
+        "get_stream",
+        "input_specs",
+        "input_len",
+        "rest",
+        "refs",
+        "__weakref__",
+    )
+
+    def accepts(self, inputs: Sequence[torch.Tensor]) -> bool:
+        if self.get_device() != self.device:
+            return False
+        for tensor, (dtype, stride) in zip(inputs, self.input_specs):
+            if (
+                tensor.dtype is not dtype
+                or tensor.dim() != 1
+                or tensor.stride(0) != stride
+                or tensor.size(0) < self.input_len
+                or tensor.get_device() != self.device
+            ):
+                return False
+        return True
+
+    def launch(self, inputs: Sequence[torch.Tensor]) -> None:
+        args = (*[t.data_ptr() for t in inputs], *self.rest)
+        stream = self.get_stream(self.device)
+        hooks = triton.knobs.runtime
+        self.run(
+            *self.grid,
+            stream,
+            self.function,
+            self.packed_metadata,
+            self.compiled.launch_metadata(self.grid, stream, *args),
+            hooks.launch_enter_hook,
+            hooks.launch_exit_hook,
+            *args,
+        )
+
+
+class LaunchPlans:
+    """Cached launches of one ``@triton.jit`` kernel whose first ``num_inputs`` parameters are the
+    per-call inputs (1-D integer tensors) and whose other arguments are fixed per call key."""
+
+    def __init__(self, kernel, num_inputs: int, *, driver=None):
+        self.kernel = kernel
+        self.num_inputs = num_inputs
+        self.driver = driver  # None: Triton's active driver, looked up when a plan is made
+        self._plans: dict[tuple, _Plan] = {}
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def launch_cached(self, key: tuple, inputs: Sequence[torch.Tensor]) -> bool:
+        """Launch through ``key``'s plan when there is one that accepts ``inputs``; else False
+        (the caller checks its arguments and calls :meth:`launch`)."""
+        plan = self._plans.get(key)
+        if plan is None:
+            return False
+        try:
+            accepted = plan.accepts(inputs)
+        except Exception:  # not tensors: the caller's checks name the argument
+            return False
+        if not accepted:
+            return False
+        plan.launch(inputs)
+        return True
+
+    def launch(
+        self,
+        key: tuple,
+        grid: tuple[int, ...],
+        args: Sequence[Any],
+        constexprs: dict[str, Any],
+        *,
+        input_len: int,
+        **options,
+    ) -> None:
+        """Launch through Triton's JIT, ``kernel[grid](*args, **constexprs, **options)``, then keep
+        a plan for ``key`` (the caller has checked every argument). ``args`` are the leading
+        parameters, the inputs first (every other tensor among them is a buffer the plan holds
+        weakly); ``constexprs`` the remaining ones, by name; ``input_len`` the fewest entries an
+        input may have."""
+        compiled = self.kernel[grid](*args, **constexprs, **options)
+        if not _is_compiled_kernel(compiled):  # the interpreter, or an asynchronous compile
+            return
+        names = self.kernel.arg_names[len(args) :]
+        inputs = args[: self.num_inputs]
+        plan = _Plan()
+        plan.compiled = compiled
+        plan.run = compiled.run
+        plan.function = compiled.function
+        plan.packed_metadata = compiled.packed_metadata
+        plan.grid = tuple(grid) + (1,) * (3 - len(grid))
+        active = self.driver or triton.runtime.driver.active
+        plan.get_device = active.get_current_device
+        plan.get_stream = active.get_current_stream
+        plan.device = plan.get_device()
+        plan.input_specs = tuple((t.dtype, t.stride(0)) for t in inputs)
+        plan.input_len = input_len
+        plan.rest = (
+            *(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args[self.num_inputs :]),
+            *(constexprs[name] for name in names),
+        )
+        buffers = [a for a in args[self.num_inputs :] if isinstance(a, torch.Tensor)]
+        self._store(key, plan, buffers)
+
+    def _store(self, key: tuple, plan: _Plan, buffers: Sequence[torch.Tensor]) -> None:
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        plans, plan_ref = self._plans, weakref.ref(plan)
+
+        def drop(_):
+            if plans.get(key) is plan_ref():
+                plans.pop(key, None)
+
+        plan.refs = tuple(weakref.ref(b, drop) for b in buffers)
+        plans[key] = plan
+
+
+def _is_compiled_kernel(kernel) -> bool:
+    return all(
+        hasattr(kernel, name) for name in ("run", "function", "packed_metadata", "launch_metadata")
+    )
+
+
+def specialization_twin(tensor: torch.Tensor, *, shared_rows: bool = False) -> torch.Tensor:
+    """A fresh zero tensor that Triton specializes on as on ``tensor``: the same dtype, device, shape
+    and strides, and the same address modulo 16 (Triton's pointer alignment specialization).
+
+    With ``shared_rows`` (2-D) the dim-0 stride is 0 and every row is the same storage: for tables
+    whose row stride a kernel does not specialize on (the same ``i32`` argument type as any row stride
+    below 2**31), so that a twin of a context-wide table costs one row.
+    """
+    strides = (0, *tensor.stride()[1:]) if shared_rows else tensor.stride()
+    if any(n == 0 for n in tensor.shape):
+        span = 0
+    else:
+        span = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, strides))
+    item = tensor.element_size()
+    offset = (tensor.data_ptr() % 16) // item
+    storage = torch.zeros(span + offset + 16 // item, dtype=tensor.dtype, device=tensor.device)
+    shift = (-storage.data_ptr() % 16) // item  # align the storage to 16 bytes, then offset
+    return storage.as_strided(tuple(tensor.shape), strides, shift + offset)

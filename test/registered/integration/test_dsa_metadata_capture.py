@@ -1,0 +1,238 @@
+"""At capture, every batch size's replay-metadata kernel is compiled before serving, and each backend
+says once what decided its kernels.
+
+SGLang's real DSA backends, built, captured and replayed by SGLang's own code on the CPU
+(``sglang_dsa_mtp.test.dsa_backends``). Triton's interpreter compiles nothing, so these tests check
+the calls: the warm-up runs once per captured batch size, outside stream capture, with the very
+arguments SGLang's replay of that batch size passes (the same buffers, inputs of the same dtype,
+shape and strides), and writes nothing the replay reads. That no compile is left for the replays is
+checked on the GPU (``test/registered/kernels/ops/attention/test_warm_up_compiles.py``).
+"""
+
+import logging
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+from sglang_dsa_mtp import plugin
+from sglang_dsa_mtp.integration import dsa_metadata_capture as capture
+from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
+from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
+from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
+from sglang_dsa_mtp.test.dsa_backends import metadata_tensors
+
+CAPTURED = [1, 2, 4]
+MODES = {
+    "decode": (ForwardMode.DECODE, "target"),
+    "target verify": (ForwardMode.TARGET_VERIFY, "target"),
+    "draft extend": (ForwardMode.DRAFT_EXTEND_V2, "draft_extend"),
+}
+INPUTS = ("seq_lens", "req_pool_indices", "extend_seq_lens")
+
+
+def signature(kwargs) -> dict:
+    """What decides the kernel variant and the buffers a call writes: each buffer by identity,
+    each input by dtype, shape and strides, each other argument by value."""
+    result = {}
+    for name, value in kwargs.items():
+        if name == "destinations":
+            result[name] = [tuple(map(id, dest)) for dest in value]
+        elif name in INPUTS:
+            result[name] = (value.dtype, tuple(value.shape), value.stride())
+        elif isinstance(value, torch.Tensor):
+            result[name] = id(value)
+        else:
+            result[name] = value
+    return result
+
+
+class Recorder:
+    """Records each call's keyword arguments, then calls ``fn``."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(kwargs)
+        return self.fn(*args, **kwargs)
+
+
+@pytest.fixture
+def spies(hooked):
+    """Record every warm-up (the kernel and its arguments) and every call of our kernels."""
+    warm_ups = []
+
+    def record_warm_up(kernel, **kwargs):
+        warm_ups.append((kernel, kwargs))
+        return real_warm_up(kernel, **kwargs)
+
+    real_warm_up = capture.warm_up
+    hooked.setattr(capture, "warm_up", record_warm_up)
+    hooked.setattr(mtp, "warm_up", record_warm_up)
+    kernels = {name: Recorder(ours) for _, ours, name in selection.KERNELS}
+    hooked.setattr(
+        selection, "KERNELS", tuple((a, kernels[name], name) for a, _, name in selection.KERNELS)
+    )
+    one_launch = Recorder(mtp.fused_dsa_draft_decode_metadata_multi)
+    hooked.setattr(mtp, "fused_dsa_draft_decode_metadata_multi", one_launch)
+    return warm_ups, kernels, one_launch
+
+
+def test_plugin_hooks_the_graph_metadata_build():
+    targets = {row.target for row in plugin.HOOKS if row.switch is BOUNDED_REPLAY_METADATA}
+    assert (
+        "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend."
+        "_build_forward_metadata_cuda_graph"
+    ) in targets
+
+
+@pytest.mark.parametrize("op", list(MODES))
+def test_each_captured_bs_is_warmed_up_with_the_call_its_replays_make(dsa_server, spies, op):
+    warm_ups, kernels, _ = spies
+    mode, kind = MODES[op]
+    server = dsa_server()
+    backend = getattr(server, kind)(max(CAPTURED))
+    server.capture(backend, mode, CAPTURED)
+    assert [kwargs["bs"] for _, kwargs in warm_ups] == sorted(CAPTURED, reverse=True)
+    assert all(kernel is kernels[op] for kernel, _ in warm_ups)
+    # Our kernel ran once per bs, on buffers of its own: only req_to_token is shared (read-only).
+    for (_, warm), twin in zip(warm_ups, kernels[op].calls):
+        for name, value in warm.items():
+            if isinstance(value, torch.Tensor) and name != "req_to_token":
+                assert twin[name].data_ptr() != value.data_ptr(), name
+    kernels[op].calls.clear()
+    for bs in CAPTURED:
+        server.replay(backend, mode, [9] * bs, list(range(1, bs + 1)))
+    replayed = {kwargs["bs"]: kwargs for kwargs in kernels[op].calls}
+    for _, warm in warm_ups:
+        assert signature(warm) == signature(replayed[warm["bs"]])
+
+
+@pytest.mark.parametrize("op", list(MODES))
+def test_the_warm_up_leaves_the_captured_buffers_as_sglang_built_them(dsa_server, hooked, op):
+    mode, kind = MODES[op]
+    server = dsa_server()
+    built = {}
+
+    def snapshot_then_warm_up(kernel, **kwargs):
+        metadata = backend.decode_cuda_graph_metadata[kwargs["bs"]]
+        built[kwargs["bs"]] = {k: v.clone() for k, v in metadata_tensors(metadata).items()}
+        real_warm_up(kernel, **kwargs)
+
+    real_warm_up = capture.warm_up
+    hooked.setattr(capture, "warm_up", snapshot_then_warm_up)
+    backend = getattr(server, kind)(max(CAPTURED))
+    server.capture(backend, mode, CAPTURED)
+    assert sorted(built) == CAPTURED
+    for bs, before in built.items():
+        after = metadata_tensors(backend.decode_cuda_graph_metadata[bs])
+        for name, tensor in before.items():
+            assert torch.equal(after[name], tensor), f"bs {bs}: the warm-up wrote {name}"
+
+
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
+def test_the_mtp_one_launch_is_warmed_up_per_captured_bs_with_its_replay_call(
+    dsa_server, spies, seeded
+):
+    warm_ups, _, one_launch = spies
+    server = dsa_server()
+    multi = server.multi_step(max(CAPTURED), seeded=seeded)
+    server.capture(multi, ForwardMode.DECODE, CAPTURED)
+    ours = [kwargs for kernel, kwargs in warm_ups if kernel is one_launch]
+    assert [kwargs["bs"] for kwargs in ours] == sorted(CAPTURED, reverse=True)
+    assert len(ours[0]["destinations"]) == server.num_steps - 1
+    for bs in CAPTURED:
+        server.replay(multi, ForwardMode.DECODE, [9] * bs, list(range(1, bs + 1)))
+    replayed = {kwargs["bs"]: kwargs for kwargs in one_launch.calls if kwargs["seq_lens"][0] == 9}
+    for warm in ours:
+        assert signature(warm) == signature(replayed[warm["bs"]])
+
+
+def test_a_raising_one_launch_warm_up_sends_that_bs_to_sglangs_path(dsa_server, hooked, caplog):
+    def raising(kernel, **kwargs):
+        if kwargs["bs"] == 4:
+            raise RuntimeError("injected failure")
+
+    hooked.setattr(mtp, "warm_up", raising)
+    server = dsa_server()
+    multi = server.multi_step(4, seeded=True)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        server.capture(multi, ForwardMode.DECODE, [1, 4])
+    gates = getattr(multi, mtp.GATES)
+    assert gates[1] is None
+    assert "its warm-up raised RuntimeError: injected failure" in gates[4]
+    assert "bs 4 falls back to SGLang's path" in caplog.text
+
+
+def test_no_warm_up_inside_a_stream_capture(dsa_server, spies, hooked, caplog):
+    warm_ups, _, _ = spies
+    server = dsa_server()
+    backend = server.target(2)
+    hooked.setattr(torch.cuda, "is_available", lambda: True)
+    hooked.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="sglang_dsa_mtp"):
+        server.capture(backend, ForwardMode.TARGET_VERIFY, [2])
+    assert warm_ups == []
+    assert "inside a stream capture: not warmed up" in caplog.text
+
+
+def test_backends_off_the_bounded_kernels_are_not_warmed_up(dsa_server, spies, hooked):
+    warm_ups, _, _ = spies
+    server = dsa_server()
+    hooked.setenv(BOUNDED_REPLAY_METADATA.env, "0")
+    backend = server.target(2)
+    server.capture(backend, ForwardMode.TARGET_VERIFY, [2])
+    assert warm_ups == []
+
+
+# ------------------------------------------------------------------------------------------------
+# The start-up lines: one per feature and backend, with the facts that decided it
+# ------------------------------------------------------------------------------------------------
+
+
+def startup_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+
+
+def test_each_backend_says_once_what_decided_its_kernels(dsa_server, caplog):
+    server = dsa_server()
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        target, extend = server.target(4), server.draft_extend(4)
+        multi = server.multi_step(4, seeded=True)
+        server.capture(target, ForwardMode.TARGET_VERIFY, [1, 4])
+        server.capture(extend, ForwardMode.DRAFT_EXTEND_V2, [1, 4])
+        server.capture(multi, ForwardMode.DECODE, [1, 4])
+    facts = "bounded kernels (index_kpool 1, KPool fusion off)"
+    assert startup_lines(caplog) == [
+        f"sglang_dsa_mtp: bounded_replay_metadata on for the target-verify backend: {facts}",
+        f"sglang_dsa_mtp: bounded_replay_metadata on for the draft-extend backend: {facts}",
+        f"sglang_dsa_mtp: bounded_replay_metadata on for the MTP draft step 0 backend: {facts}",
+        f"sglang_dsa_mtp: bounded_replay_metadata on for the MTP draft step 1 backend: {facts}",
+        f"sglang_dsa_mtp: bounded_replay_metadata on for the MTP draft step 2 backend: {facts}",
+        "sglang_dsa_mtp: one-launch MTP draft-decode metadata on for the MTP draft-decode backend "
+        "(3 step backends, seeded steps: indexer plans not refreshed, index_kpool 1, KPool fusion "
+        "off, decode impl fa3); first captured bs 4 uses one launch",
+    ]
+
+
+def test_a_backend_off_the_bounded_kernels_names_what_stopped_them(dsa_server, hooked, caplog):
+    server = dsa_server()
+    hooked.setenv(BOUNDED_REPLAY_METADATA.env, "0")
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        server.capture(server.target(2), ForwardMode.TARGET_VERIFY, [2])
+        server.capture(server.multi_step(2, seeded=False), ForwardMode.DECODE, [2])
+    lines = startup_lines(caplog)
+    assert lines[0] == (
+        "sglang_dsa_mtp: bounded_replay_metadata off for the target-verify backend, SGLang's "
+        "kernels: SGLANG_DSA_BOUNDED_REPLAY_METADATA=0 (index_kpool 1, KPool fusion off)"
+    )
+    assert lines[-1] == (
+        "sglang_dsa_mtp: one-launch MTP draft-decode metadata off for the MTP draft-decode backend "
+        "(3 step backends, unseeded steps: indexer plans refreshed once per round, copied to every "
+        "step, index_kpool 1, KPool fusion off, decode impl fa3); first captured bs 2 keeps "
+        "SGLang's precompute + copies: SGLANG_DSA_BOUNDED_REPLAY_METADATA=0"
+    )

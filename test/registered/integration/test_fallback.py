@@ -1,0 +1,120 @@
+"""A bounded replay-metadata kernel that raises never takes the replay down: SGLang's kernel takes over.
+
+On SGLang's real ``DeepseekSparseAttnBackend`` built, captured and replayed by SGLang's own code on the
+CPU (``sglang_dsa_mtp.test.dsa_backends``), with one of our kernels swapped for a wrapper that raises at
+one batch size: that batch size's replays write what SGLang's kernel writes, bit for bit, every buffer
+of the metadata compared with a backend that runs SGLang's kernels; the error is logged once; other
+batch sizes keep ours.
+"""
+
+import logging
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
+from sglang_dsa_mtp.integration.fallback import with_fallback
+from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
+from sglang_dsa_mtp.test.dsa_backends import metadata_tensors, poison
+from sglang_dsa_mtp.test.metadata_cases import POISON
+
+MODES = {
+    "decode": (ForwardMode.DECODE, "target"),
+    "target verify": (ForwardMode.TARGET_VERIFY, "target"),
+    "draft extend": (ForwardMode.DRAFT_EXTEND_V2, "draft_extend"),
+}
+FAILING_BS = 4
+ROUNDS = (([129, 0, 250], [3, 5, 1]), ([1, 300 - 5, 64], [2, 7, 6]))
+
+
+class Raising:
+    """One of our kernels, made to raise at ``FAILING_BS`` while ``armed``; records its calls."""
+
+    def __init__(self, op, *, armed=True):
+        self.kernel = {name: ours for _, ours, name in selection.KERNELS}[op]
+        self.armed, self.calls = armed, []
+
+    def __call__(self, **kwargs):
+        self.calls.append(kwargs["bs"])
+        if self.armed and kwargs["bs"] == FAILING_BS:
+            raise RuntimeError("injected failure")
+        return self.kernel(**kwargs)
+
+
+def build(server, hooked, op, *, raising=None, switch="1"):
+    mode, kind = MODES[op]
+    if raising is not None:
+        kernels = tuple(
+            (attr, raising if name == op else ours, name) for attr, ours, name in selection.KERNELS
+        )
+        hooked.setattr(selection, "KERNELS", kernels)
+    hooked.setenv(BOUNDED_REPLAY_METADATA.env, switch)
+    backend = getattr(server, kind)(FAILING_BS)
+    hooked.delenv(BOUNDED_REPLAY_METADATA.env)
+    hooked.setattr(selection, "KERNELS", selection.KERNELS)
+    server.capture(backend, mode, [2, FAILING_BS])
+    return backend
+
+
+def replay_both(server, ours, sglang, op, bs, lengths, slots):
+    mode, _ = MODES[op]
+    for backend in (ours, sglang):
+        poison(backend.decode_cuda_graph_metadata[bs], POISON)
+        server.replay(backend, mode, lengths, slots, bs=bs)
+    expected = metadata_tensors(sglang.decode_cuda_graph_metadata[bs])
+    for name, tensor in metadata_tensors(ours.decode_cuda_graph_metadata[bs]).items():
+        assert torch.equal(tensor, expected[name]), f"bs {bs}: {name} differs from SGLang's"
+
+
+@pytest.mark.parametrize("op", list(MODES))
+def test_a_raising_kernel_falls_back_to_sglangs_kernel_for_that_bs_only(
+    dsa_server, hooked, caplog, op
+):
+    server = dsa_server()
+    raising = Raising(op)
+    sglang = build(server, hooked, op, switch="0")
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        ours = build(server, hooked, op, raising=raising)
+        for lengths, slots in ROUNDS:
+            replay_both(server, ours, sglang, op, FAILING_BS, lengths, slots)
+            replay_both(server, ours, sglang, op, 2, lengths[:2], slots[:2])
+    # bs 4 raised once, at its warm-up during capture, and went to SGLang's kernel for good;
+    # bs 2 kept ours (its warm-up, then both replays).
+    assert raising.calls == [FAILING_BS, 2, 2, 2]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert (
+        f"DSA {op} replay metadata for bs {FAILING_BS} falls back to SGLang's kernel" in errors[0]
+    )
+    assert "RuntimeError: injected failure" in errors[0]
+
+
+@pytest.mark.parametrize("op", list(MODES))
+def test_a_kernel_raising_only_at_replay_falls_back_at_that_replay(dsa_server, hooked, caplog, op):
+    """The warm-up at capture runs on twin buffers; a failure that only a replay meets falls back
+    at that replay."""
+    server = dsa_server()
+    raising = Raising(op, armed=False)
+    sglang = build(server, hooked, op, switch="0")
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        ours = build(server, hooked, op, raising=raising)
+        raising.armed, raising.calls = True, []
+        for lengths, slots in ROUNDS:
+            replay_both(server, ours, sglang, op, FAILING_BS, lengths, slots)
+    assert raising.calls == [FAILING_BS]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "injected failure" in errors[0]
+
+
+def test_the_fallback_calls_sglangs_kernel_with_the_same_arguments():
+    calls = []
+    guarded = with_fallback(
+        lambda **kw: 1 / 0, lambda *a, **kw: calls.append((a, kw)) or "sglang", what="x"
+    )
+    assert guarded(bs=3, seq_lens="s") == "sglang"
+    assert calls == [((), {"bs": 3, "seq_lens": "s"})]
+    assert guarded.failed == {3}

@@ -1,0 +1,114 @@
+"""Calls through launch plans write what SGLang's kernels write.
+
+A wrapper's first call with a set of buffers goes through Triton's JIT and keeps a launch plan; later
+calls with those buffers launch through the plan (``kernels/ops/launch.py``). On the GPU (under
+Triton's interpreter there are no plans), for decode, target verify, draft extend and the MTP one
+launch: the same buffers are called again and again with new lengths and slots (also at an odd input
+address, also inside a CUDA graph), and after every call every element of every buffer equals what
+SGLang's kernel leaves in its own buffers through the same sequence of calls.
+"""
+
+import pytest
+import torch
+
+from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
+from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans
+from sglang_dsa_mtp.test.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
+
+BS = 6
+ROUNDS = 5
+
+
+@pytest.fixture
+def plan_launches(monkeypatch):
+    """How many calls launched through a plan."""
+    launched = []
+    real = LaunchPlans.launch_cached
+
+    def counting(self, key, inputs):
+        hit = real(self, key, inputs)
+        launched.append(hit)
+        return hit
+
+    monkeypatch.setattr(LaunchPlans, "launch_cached", counting)
+    return launched
+
+
+def new_inputs(round_, req_to_token):
+    gen = torch.Generator().manual_seed(round_)
+    pool, width = req_to_token.shape
+    lengths = torch.randint(0, width - 8, (BS + 1,), generator=gen)
+    lengths[: round_ % 3] = torch.tensor([0, width - 5])[: round_ % 3]
+    slots = torch.randint(0, pool, (BS + 1,), generator=gen)
+    offset = round_ % 2  # odd rounds: inputs 8 bytes off a 16-byte boundary
+    device = req_to_token.device
+    return lengths.to(device)[offset : offset + BS], slots.to(device)[offset : offset + BS]
+
+
+def assert_same(ours: dict, theirs: dict, what: str):
+    for name, tensor in theirs.items():
+        if isinstance(tensor, torch.Tensor) and name not in ("seq_lens", "req_pool_indices"):
+            assert torch.equal(ours[name], tensor), f"{what}: {name} differs from SGLang's"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["decode", "verify", "draft_extend"])
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_calls_through_a_plan_match_sglang(op, page_size, req_to_token_1m, plan_launches):
+    ours, theirs = (
+        CapturedBuffers(req_to_token_1m, max_bs=BS, next_n=5, page_size=page_size, topk=2048)
+        for _ in range(2)
+    )
+    for round_ in range(ROUNDS):
+        seq_lens, slots = new_inputs(round_, req_to_token_1m)
+        for buffers, arm in ((ours, "bounded"), (theirs, "sglang")):
+            kwargs = buffers.replay_kwargs(op, BS)
+            kwargs.update(seq_lens=seq_lens, req_pool_indices=slots)
+            kernel_for(op, arm)(**kwargs)
+        torch.cuda.synchronize()
+        assert_same(ours.replay_kwargs(op, BS), theirs.replay_kwargs(op, BS), f"round {round_}")
+    assert plan_launches == [False] + [True] * (ROUNDS - 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("steps", [1, 3, 4])
+def test_one_launch_calls_through_a_plan_match_sglang(steps, req_to_token_1m, plan_launches):
+    ours = [
+        CapturedBuffers(req_to_token_1m, max_bs=BS, next_n=1, page_size=64, topk=2048)
+        for _ in range(steps)
+    ]
+    theirs = CapturedBuffers(req_to_token_1m, max_bs=BS, next_n=1, page_size=64, topk=2048)
+    for round_ in range(ROUNDS):
+        seq_lens, slots = new_inputs(round_, req_to_token_1m)
+        draft.fused_dsa_draft_decode_metadata_multi(**one_launch_kwargs(ours, BS, seq_lens, slots))
+        kwargs = theirs.replay_kwargs("decode", BS)
+        kwargs.update(seq_lens=seq_lens, req_pool_indices=slots)
+        kernel_for("decode", "sglang")(**kwargs)
+        torch.cuda.synchronize()
+        for i, step in enumerate(ours):
+            assert_same(step.replay_kwargs("decode", BS), kwargs, f"round {round_}, step {i}")
+    assert plan_launches == [False] + [True] * (ROUNDS - 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["decode", "verify", "draft_extend"])
+def test_a_plan_launch_captured_in_a_cuda_graph_replays_like_sglang(op, req_to_token_1m):
+    ours, theirs = (
+        CapturedBuffers(req_to_token_1m, max_bs=BS, next_n=5, page_size=64, topk=2048)
+        for _ in range(2)
+    )
+    kwargs = ours.replay_kwargs(op, BS)
+    kernel_for(op, "bounded")(**kwargs)  # JIT path: keeps the plan
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel_for(op, "bounded")(**kwargs)  # through the plan, captured
+    for round_ in range(ROUNDS):
+        seq_lens, slots = new_inputs(2 * round_, req_to_token_1m)  # aligned: the graph's inputs
+        ours.seq_lens[:BS].copy_(seq_lens)
+        ours.req_pool_indices[:BS].copy_(slots)
+        graph.replay()
+        reference = theirs.replay_kwargs(op, BS)
+        reference.update(seq_lens=seq_lens, req_pool_indices=slots)
+        kernel_for(op, "sglang")(**reference)
+        torch.cuda.synchronize()
+        assert_same(ours.replay_kwargs(op, BS), reference, f"replay {round_}")

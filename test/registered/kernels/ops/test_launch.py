@@ -1,0 +1,178 @@
+"""Launch plans: after its first call, a call key launches through the compiled kernel's launcher with
+the arguments Triton's JIT passed it, and anything that could change Triton's choice takes the JIT path.
+
+On the CPU the JIT and the compiled kernel are stand-ins that record what they get (Triton's
+interpreter compiles nothing, so real plans exist only on a GPU: there the replay-metadata kernel
+tests run every call twice, the second through the plan, against SGLang's kernels).
+"""
+
+import gc
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_dsa_mtp.kernels.ops import launch
+from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans, specialization_twin
+
+
+class FakeCompiled:
+    """What ``JITFunction.run`` returns on a GPU: a compiled kernel with a launcher (``run``)."""
+
+    def __init__(self):
+        self.function, self.packed_metadata, self.launches = "function", "packed", []
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("metadata", grid)
+
+    def run(self, *args):
+        self.launches.append(args)
+
+
+class FakeKernel:
+    """A ``@triton.jit`` function: ``kernel[grid](*args, **kwargs)`` records the call."""
+
+    arg_names = ["seq_lens", "req_pool_indices", "out", "stride", "n", "BLOCK"]
+
+    def __init__(self, compiled=True):
+        self.compiled = FakeCompiled() if compiled else None
+        self.jit_calls = []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.jit_calls.append(grid)  # (holds no argument: the JIT keeps none)
+            return self.compiled
+
+        return run
+
+
+DRIVER = SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda device: 77)
+
+
+def call(plans, out, seq_lens, req_pool_indices, n=3):
+    """A wrapper's body: the key, the plan, else the JIT path (which keeps a plan)."""
+    key = (n, id(out))
+    if plans.launch_cached(key, (seq_lens, req_pool_indices)):
+        return
+    args = (seq_lens, req_pool_indices, out, seq_lens.stride(0), n)
+    plans.launch(key, (1 + n,), args, dict(BLOCK=4), input_len=n, num_warps=4)
+
+
+@pytest.fixture
+def inputs():
+    return torch.arange(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
+
+
+def test_a_second_call_launches_through_the_plan_with_the_jit_arguments(inputs):
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    call(plans, out, *inputs)
+    other = (torch.ones(5, dtype=torch.int64), torch.ones(6, dtype=torch.int64))
+    call(plans, out, *other)
+    assert len(kernel.jit_calls) == 1 and len(plans) == 1
+    (launched,) = kernel.compiled.launches
+    grid_and_stream = (4, 1, 1, 77, "function", "packed", ("metadata", (4, 1, 1)))
+    knobs = launch.triton.knobs.runtime
+    hooks = (knobs.launch_enter_hook, knobs.launch_exit_hook)
+    assert launched[:7] == grid_and_stream
+    assert launched[7:9] == hooks
+    # Every parameter, in order, tensors by address: the new inputs, then the JIT call's others.
+    assert launched[9:] == (other[0].data_ptr(), other[1].data_ptr(), out.data_ptr(), 1, 3, 4)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda s, r: (s.int(), r),
+        lambda s, r: (s[::2], r),
+        lambda s, r: (s[:2], r),
+        lambda s, r: (s.view(2, 4), r),
+        lambda s, r: (s, "not a tensor"),
+    ],
+    ids=["dtype", "stride", "too-short", "2-D", "not-a-tensor"],
+)
+def test_inputs_the_plan_was_not_built_for_take_the_jit_path(inputs, change):
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    call(plans, out, *inputs)
+    assert not plans.launch_cached((3, id(out)), change(*inputs))
+    assert kernel.compiled.launches == []
+
+
+def test_a_plan_is_dropped_when_one_of_its_buffers_is_freed(inputs):
+    kernel = FakeKernel()
+    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    out = torch.zeros(4, dtype=torch.int32)
+    call(plans, out, *inputs)
+    assert len(plans) == 1
+    del out
+    gc.collect()
+    assert len(plans) == 0
+
+
+def test_another_device_takes_the_jit_path(inputs):
+    device = [-1]
+    driver = SimpleNamespace(get_current_device=lambda: device[0], get_current_stream=lambda d: 0)
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    plans = LaunchPlans(kernel, num_inputs=2, driver=driver)
+    call(plans, out, *inputs)
+    device[0] = 1
+    call(plans, out, *inputs)
+    assert len(kernel.jit_calls) == 2 and kernel.compiled.launches == []
+
+
+def test_no_plan_without_a_compiled_kernel(inputs):
+    """Triton's interpreter returns no compiled kernel: every call takes the JIT path."""
+    kernel, out = FakeKernel(compiled=False), torch.zeros(4, dtype=torch.int32)
+    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    for _ in range(2):
+        call(plans, out, *inputs)
+    assert len(kernel.jit_calls) == 2 and len(plans) == 0
+
+
+def test_plans_past_the_cap_are_dropped_and_rebuilt(inputs, monkeypatch):
+    monkeypatch.setattr(launch, "MAX_PLANS", 2)
+    kernel = FakeKernel()
+    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    outs = [torch.zeros(4, dtype=torch.int32) for _ in range(3)]
+    for out in outs:
+        call(plans, out, *inputs)
+    assert len(plans) == 1
+    call(plans, outs[2], *inputs)
+    assert len(kernel.jit_calls) == 3 and len(kernel.compiled.launches) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Specialization twins (the warm-up's buffers)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.arange(12, dtype=torch.int32),
+        lambda: torch.arange(12, dtype=torch.int32)[1:],
+        lambda: torch.arange(12, dtype=torch.int64)[3:],
+        lambda: torch.arange(60, dtype=torch.int32).view(6, 10)[1:, 2:7],
+        lambda: torch.arange(60, dtype=torch.int32).view(6, 10).t(),
+        lambda: torch.zeros(0, 5, dtype=torch.int32),
+    ],
+    ids=["1-D", "offset-4-bytes", "offset-int64", "2-D-strided-offset", "transposed", "empty"],
+)
+def test_a_twin_matches_dtype_shape_strides_and_alignment(make):
+    tensor = make()
+    twin = specialization_twin(tensor)
+    assert (twin.dtype, twin.shape, twin.stride()) == (tensor.dtype, tensor.shape, tensor.stride())
+    assert twin.data_ptr() % 16 == tensor.data_ptr() % 16
+    assert twin.data_ptr() != tensor.data_ptr() or tensor.numel() == 0
+    assert not twin.any()
+
+
+def test_a_shared_rows_twin_keeps_the_column_stride_in_one_row_of_storage():
+    table = torch.full((50, 300), 7, dtype=torch.int32)[:, 1:]
+    twin = specialization_twin(table, shared_rows=True)
+    assert twin.shape == table.shape and twin.stride() == (0, 1)
+    assert twin.data_ptr() % 16 == table.data_ptr() % 16
+    assert twin.untyped_storage().nbytes() < 2 * 300 * 4
+    twin[3, 5] = 1
+    assert twin[0, 5] == 1 and (table == 7).all()

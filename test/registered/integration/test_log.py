@@ -46,7 +46,7 @@ SOURCES = [
 
 def test_the_plugin_logs_from_several_files():
     names = {path.name for path in SOURCES}
-    assert {"plugin.py", "switches.py", "dsa_metadata_selection.py"} <= names
+    assert {"plugin.py", "switches.py", "fallback.py", "dsa_mtp_draft_metadata.py"} <= names
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.relative_to(PACKAGE).as_posix())

@@ -40,7 +40,6 @@ docs/indexer-cliff.md) plus one for the draft extend of the NextN layer, which h
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from sglang_dsa_mtp.devices import select_device
@@ -54,6 +53,7 @@ from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as li
 from sglang_dsa_mtp.test import indexer_cases as cases  # noqa: E402
 from sglang_dsa_mtp.test.bench_cli import (  # noqa: E402
     add_timing_arguments,
+    benchmark_parser,
     markdown_header,
     markdown_row,
     parse_list,
@@ -91,11 +91,8 @@ def parse_layers(text: str) -> list[tuple[str, int]]:
     return [(name, int(count)) for name, _, count in pairs]
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+def build_parser():
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--rows", default="130,135,160,240", help="query rows per call")
     parser.add_argument("--live", default="1024,65536,1048576", help="live tokens per row")
     parser.add_argument("--width", type=int, default=cases.WIDTH_1M, help="logits width (columns)")
@@ -111,7 +108,11 @@ def main(argv=None) -> int:
         help=f"check the arms once at tiny sizes, untimed (runs on a CPU): {DRY_RUN}",
     )
     add_timing_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if args.dry_run:
         rows_list, lives = parse_list(DRY_RUN["rows"]), parse_list(DRY_RUN["live"])
         width, sm_count = DRY_RUN["width"], DRY_RUN["sm_count"]

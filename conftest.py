@@ -68,13 +68,24 @@ def set_platform(monkeypatch):
     import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
 
     from sglang_dsa_mtp.integration import (
+        dsa_graph_page_tables,
         dsa_metadata_selection,
         dsa_mtp_draft_metadata,
+        dsa_verify_mask,
         eagle_draft_argmax,
     )
 
+    modules = (
+        manager,
+        dsa_metadata_selection,
+        dsa_mtp_draft_metadata,
+        eagle_draft_argmax,
+        dsa_verify_mask,
+        dsa_graph_page_tables,
+    )
+
     def set_(*, cuda, hip):
-        for module in (manager, dsa_metadata_selection, dsa_mtp_draft_metadata, eagle_draft_argmax):
+        for module in modules:
             monkeypatch.setattr(module, "is_cuda", lambda: cuda)
             monkeypatch.setattr(module, "is_hip", lambda: hip)
 
@@ -98,7 +109,8 @@ def hooked(fresh_switches, monkeypatch, set_platform):
     for row in plugin.HOOKS:  # restore every hooked SGLang attribute after the test
         owner_path, _, attr = row.target.rpartition(".")
         owner = pkgutil.resolve_name(owner_path)
-        original = vars(owner)[attr]
+        # A method the class inherits is hooked on the class itself: undoing deletes it again.
+        original = vars(owner)[attr] if attr in vars(owner) else getattr(owner, attr)
         monkeypatch.setattr(owner, attr, original)
         # SGLang rebinds ``from X import f`` copies of a hooked function in every module: restore them.
         for module in list(sys.modules.values()):

@@ -65,31 +65,9 @@ def fresh_switches(monkeypatch):
 @pytest.fixture
 def set_platform(monkeypatch):
     """``set_platform(cuda=..., hip=...)``: what SGLang's and our hook sites see as the platform."""
-    import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
+    from sglang_dsa_mtp.test.dsa_backends import set_platform
 
-    from sglang_dsa_mtp.integration import (
-        dsa_graph_page_tables,
-        dsa_metadata_selection,
-        dsa_mtp_draft_metadata,
-        dsa_verify_mask,
-        eagle_draft_argmax,
-    )
-
-    modules = (
-        manager,
-        dsa_metadata_selection,
-        dsa_mtp_draft_metadata,
-        eagle_draft_argmax,
-        dsa_verify_mask,
-        dsa_graph_page_tables,
-    )
-
-    def set_(*, cuda, hip):
-        for module in modules:
-            monkeypatch.setattr(module, "is_cuda", lambda: cuda)
-            monkeypatch.setattr(module, "is_hip", lambda: hip)
-
-    return set_
+    return lambda *, cuda, hip: set_platform(monkeypatch, cuda=cuda, hip=hip)
 
 
 @pytest.fixture

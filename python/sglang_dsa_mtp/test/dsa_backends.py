@@ -172,6 +172,23 @@ def _flashmla_stand_in(self, cache_seqlens, seq_len_q):
     )
 
 
+def set_platform(monkeypatch, *, cuda: bool, hip: bool) -> None:
+    """What SGLang's metadata manager and the plugin's hook sites see as the platform."""
+    import importlib
+
+    for name in (
+        "sglang.srt.layers.attention.dsa.dsa_metadata_manager",
+        "sglang_dsa_mtp.integration.dsa_metadata_selection",
+        "sglang_dsa_mtp.integration.dsa_mtp_draft_metadata",
+        "sglang_dsa_mtp.integration.eagle_draft_argmax",
+        "sglang_dsa_mtp.integration.dsa_verify_mask",
+        "sglang_dsa_mtp.integration.dsa_graph_page_tables",
+    ):
+        module = importlib.import_module(name)
+        monkeypatch.setattr(module, "is_cuda", lambda: cuda)
+        monkeypatch.setattr(module, "is_hip", lambda: hip)
+
+
 def cuda_stand_ins(monkeypatch) -> None:
     """SGLang's CUDA-only pieces replaced by deterministic torch stand-ins for one test."""
     import sglang.kernels.ops.attention.dsv4.topk as topk_v2

@@ -70,6 +70,10 @@ def main() -> int:
             why_not.append(blocker)
         feature_rows.append((feature, "no" if why_not else "yes", "; ".join(why_not)))
     _print_table(feature_rows, header=("feature", "engages here", "why not"))
+    if plugin.feature_status()["live_width"].enabled:
+        from sglang_dsa_mtp.integration.dsa_graph_page_tables import describe
+
+        _print_table(describe(), header=("live_width part", "engages here", "when / why not"))
 
     results = selfcheck.run_checks(device)
     if not results:

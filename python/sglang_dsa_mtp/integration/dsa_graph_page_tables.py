@@ -254,3 +254,50 @@ def replay_steps_without_wide_table(original, multi, forward_batch, in_capture=F
     for backend in multi.attn_backends:
         backend.init_forward_metadata_out_graph(view)
     return None
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(change, engages here, when or why not) for ``python -m sglang_dsa_mtp``: each part of the
+    live-width switch, from what this process can know before a server starts (the switches, the
+    platform, the environment); the server's own arguments decide the rest, as listed."""
+    from sglang.srt.environ import envs
+
+    blockers = []
+    enabled, why = LIVE_WIDTH.state()
+    if not enabled:
+        blockers.append(why)
+    if is_hip() or not is_cuda():
+        blockers.append("not a CUDA platform")
+    topk = [
+        f"{name}=0"
+        for name in ("SGLANG_DSA_FUSE_TOPK", "SGLANG_OPT_USE_TOPK_V2")
+        if not getattr(envs, name).get()
+    ]
+    one_launch, one_launch_why = BOUNDED_REPLAY_METADATA.state()
+    table = "page size > 1, index_kpool 1, no HiSparse, the sgl-kernel top-k backend, index top-k <= 2048"
+    rows = [
+        (
+            "verify tree mask QLEN_ONLY, not read (DSA target)",
+            blockers,
+            "EAGLE with CUDA graphs; not with --enable-watermark or --enable-two-batch-overlap",
+        ),
+        (
+            "no wide page_table_1: target, draft extend",
+            blockers + topk,
+            f"speculative decoding; {table}",
+        ),
+        (
+            "no wide page_table_1: MTP draft steps",
+            blockers + topk + ([] if one_launch else [one_launch_why]),
+            f"as above, and the one-launch path: --speculative-num-steps 2 to 5, {table}",
+        ),
+        (
+            "one real_page_table per backend",
+            blockers,
+            "wherever a backend keeps its wide page_table_1 (a reader is engaged), page size > 1",
+        ),
+    ]
+    return [
+        (change, "no" if why_not else "yes", "; ".join(why_not) if why_not else when)
+        for change, why_not, when in rows
+    ]

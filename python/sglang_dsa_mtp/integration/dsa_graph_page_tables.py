@@ -279,7 +279,7 @@ def describe() -> list[tuple[str, str, str]]:
         (
             "verify tree mask QLEN_ONLY, not read (DSA target)",
             blockers,
-            "EAGLE with CUDA graphs; not with --enable-watermark or --enable-two-batch-overlap",
+            "EAGLE topk 1 with CUDA graphs; not with --enable-watermark, --enable-two-batch-overlap",
         ),
         (
             "no wide page_table_1: target, draft extend",

@@ -17,6 +17,8 @@ Readers of the mask's cells in 0.5.23, and what happens to each:
   ``WatermarkState``): the mask stays stock;
 - two-batch overlap (``--enable-two-batch-overlap``: ``split_spec_info`` slices the mask with
   FULL_MASK offsets): the mask stays stock;
+- tree drafts (``--speculative-eagle-topk`` above 1) keep the mask stock: only the chain draft's
+  verify inputs are checked equal under both layouts;
 - grammar (``GrammarTree`` reads the ``retrieve_*`` arrays, not the mask), verify and accept
   (``verify_tree_greedy`` reads ``retrieve_*`` and the candidates), the single-node verify input of
   ``eagle_worker_v2`` and the PP relay (both handle either layout): unaffected.
@@ -34,7 +36,7 @@ import logging
 
 from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 from sglang.srt.layers.attention.verify_mask import maybe_create_verify_mask
-from sglang.srt.runtime_context import get_exec
+from sglang.srt.runtime_context import get_exec, get_spec
 from sglang.srt.utils import is_cuda, is_hip
 
 from sglang_dsa_mtp.integration.log import log_once
@@ -78,6 +80,10 @@ def why_not_verify_mask(backend) -> str | None:
         return "a draft backend: only the target verifies"
     if not backend.speculative_num_draft_tokens:
         return "no speculative decoding"
+    if get_spec().speculative_eagle_topk != 1:
+        return (
+            "--speculative-eagle-topk is not 1 (only the chain draft's verify inputs are checked)"
+        )
     features = get_exec().features
     if features.enable_watermark:
         return "the watermark (--enable-watermark) reads the tree mask"

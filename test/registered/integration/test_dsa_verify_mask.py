@@ -91,9 +91,10 @@ def test_draft_backends_have_no_mask(server):
         (dict(args=dict(enable_watermark=True)), "watermark"),
         (dict(args=dict(enable_two_batch_overlap=True)), "two-batch overlap"),
         (dict(launch=None), "no speculative decoding"),
+        (dict(launch=(3, 2, 6)), "--speculative-eagle-topk is not 1"),
         (dict(platform=False), "not a CUDA platform"),
     ],
-    ids=["switch-off", "watermark", "two-batch-overlap", "no-spec", "not-cuda"],
+    ids=["switch-off", "watermark", "two-batch-overlap", "no-spec", "tree-draft", "not-cuda"],
 )
 def test_where_a_reader_is_active_the_target_keeps_sglangs_full_mask(
     server, set_platform, caplog, case, why

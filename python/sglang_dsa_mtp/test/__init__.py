@@ -3,9 +3,13 @@
 The plugin itself (``plugin.py``, ``switches.py``, ``integration/``, ``kernels/``) never imports
 this package. What is here:
 
-- ``reference``: SGLang 0.5.23's own pure-Triton kernels, loaded by file path (the references);
+- ``reference``: SGLang 0.5.23's own pure-Triton kernels, loaded by file path (the references),
+  SGLang's speculative kernels with stand-ins for the platform helpers they import;
 - ``metadata_cases``: replay-metadata scenarios with poisoned buffers, and their self-checks;
 - ``argmax_cases``: greedy-draft argmax scenarios (tie / NaN / inf rows), and their self-check;
+- ``dsa_backends``: SGLang's real DSA backends built by its own constructors in a published EAGLE
+  launch, off the GPU (CPU or meta device), with their graph captures and replays;
+- ``verify_tree``: a chain draft's verify inputs, built SGLang's FULL_MASK way and its chain-tree way;
 - ``process_group``: spawning a group of processes (a TP group of CPU or GPU ranks);
 - ``gpu_tp``: a real TP group of GPUs on NCCL, and the two-GPU exchange test's body;
 - ``cpu_tp``: SGLang's real TP group and LM-head path in CPU processes (gloo);

@@ -67,20 +67,9 @@ def fresh_switches(monkeypatch):
 @pytest.fixture
 def set_platform(monkeypatch):
     """``set_platform(cuda=..., hip=...)``: what SGLang's and our hook sites see as the platform."""
-    import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
+    from sglang_dsa_mtp.test.dsa_launch import set_platform
 
-    from sglang_dsa_mtp.integration import (
-        dsa_metadata_selection,
-        dsa_mtp_draft_metadata,
-        eagle_draft_argmax,
-    )
-
-    def set_(*, cuda, hip):
-        for module in (manager, dsa_metadata_selection, dsa_mtp_draft_metadata, eagle_draft_argmax):
-            monkeypatch.setattr(module, "is_cuda", lambda: cuda)
-            monkeypatch.setattr(module, "is_hip", lambda: hip)
-
-    return set_
+    return lambda *, cuda, hip: set_platform(monkeypatch, cuda=cuda, hip=hip)
 
 
 @pytest.fixture
@@ -100,7 +89,8 @@ def hooked(fresh_switches, monkeypatch, set_platform):
     for row in plugin.HOOKS:  # restore every hooked SGLang attribute after the test
         owner_path, _, attr = row.target.rpartition(".")
         owner = pkgutil.resolve_name(owner_path)
-        original = vars(owner)[attr]
+        # A method the class inherits is hooked on the class itself: undoing deletes it again.
+        original = vars(owner)[attr] if attr in vars(owner) else getattr(owner, attr)
         monkeypatch.setattr(owner, attr, original)
         # SGLang rebinds ``from X import f`` copies of a hooked function in every module: restore them.
         for module in list(sys.modules.values()):

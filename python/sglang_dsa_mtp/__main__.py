@@ -165,6 +165,10 @@ def _print_status(device: torch.device, device_note: str) -> None:
         feature_rows.append((feature, "no" if why_not else "yes", "; ".join(why_not)))
     _print_table(feature_rows, header=("feature", "engages here", "why not"))
     print(f"  {_live_width_engagement(device)}\n")
+    if plugin.feature_status()["live_width"].enabled:
+        from sglang_dsa_mtp.integration.dsa_graph_page_tables import describe
+
+        _print_table(describe(), header=("live_width part", "engages here", "when / why not"))
 
 
 def _run_checks(device: torch.device, device_note: str) -> list[str]:

@@ -57,12 +57,15 @@ class PluginAttribute:
 
     ``target`` is ``"<dotted SGLang class>.<new attribute>"``; the class must not define the attribute
     already (if it does, SGLang has changed and the feature stays off). ``value`` is
-    ``"sglang_dsa_mtp.integration.<module>:<name>"``, imported only by ``register()``.
+    ``"sglang_dsa_mtp.integration.<module>:<name>"``, imported only by ``register()``. With
+    ``shadows`` (a dotted SGLang base class), the class must instead inherit the attribute from that
+    base, and the row gives the class its own definition in front of the inherited one.
     """
 
     switch: KillSwitch
     target: str
     value: str
+    shadows: str | None = None
 
 
 _DSA_MANAGER = "sglang.srt.layers.attention.dsa.dsa_metadata_manager.DSAMetadataManagementMixin"
@@ -78,6 +81,9 @@ _PAGED_MQA_LOGITS = "sglang.kernels.ops.attention.dsa.paged_mqa_logits"
 _EXCHANGE = "sglang_dsa_mtp.integration.draft_argmax_exchange"
 _EAGLE_PICK = "sglang_dsa_mtp.integration.eagle_draft_argmax"
 _LIVE_LOGITS = "sglang_dsa_mtp.integration.dsa_indexer_live_logits"
+_DSA = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
+_VERIFY_MASK = "sglang_dsa_mtp.integration.dsa_verify_mask"
+_PAGE_TABLES = "sglang_dsa_mtp.integration.dsa_graph_page_tables"
 
 # Every effect this plugin has on SGLang: (switch, SGLang target, hook type, our hook).
 HOOKS: tuple[PluginHook, ...] = (
@@ -165,6 +171,42 @@ HOOKS: tuple[PluginHook, ...] = (
         HookType.AFTER,
         f"{_LIVE_LOGITS}:warm_up_live_logits",
     ),
+    # Live width, CUDA graph state: the DSA target gets a QLEN_ONLY, not-read verify mask (no
+    # bs x context FULL_MASK per round); no wide page_table_1 where nothing reads it (SGLang's own
+    # drop, its spec clause lifted; step backends only when the one launch owns their replay, with
+    # a per-step replay as fallback); else one real_page_table buffer per backend, sliced per bs.
+    # (init_graph_state wraps SGLang's method directly: the first row on a target is innermost.)
+    PluginHook(
+        LIVE_WIDTH,
+        f"{_DSA}.init_cuda_graph_state",
+        HookType.AROUND,
+        f"{_PAGE_TABLES}:init_graph_state",
+    ),
+    PluginHook(
+        LIVE_WIDTH,
+        f"{_DSA}.init_cuda_graph_state",
+        HookType.AFTER,
+        f"{_VERIFY_MASK}:create_verify_mask",
+    ),
+    PluginHook(LIVE_WIDTH, f"{_DSA}.__init__", HookType.AFTER, f"{_VERIFY_MASK}:remember_runner"),
+    PluginHook(
+        LIVE_WIDTH,
+        f"{_DSA}._init_kpool_metadata_capture",
+        HookType.BEFORE,
+        f"{_PAGE_TABLES}:capture_into_shared_real_table",
+    ),
+    PluginHook(
+        LIVE_WIDTH,
+        f"{_DSA_MULTI_STEP}.init_cuda_graph_state",
+        HookType.AROUND,
+        f"{_PAGE_TABLES}:steps_graph_state",
+    ),
+    PluginHook(
+        LIVE_WIDTH,
+        f"{_DSA_MULTI_STEP}.init_forward_metadata_out_graph",
+        HookType.AROUND,
+        f"{_PAGE_TABLES}:replay_steps_without_wide_table",
+    ),
 )
 
 # Names the plugin adds to SGLang classes: (switch, SGLang class + new attribute, our value).
@@ -178,6 +220,13 @@ ATTRIBUTES: tuple[PluginAttribute, ...] = (
         DRAFT_ARGMAX_EXCHANGE,
         f"{_LOGITS}.LogitsProcessorOutput.next_token_argmax_partials",
         f"{_EXCHANGE}:NO_PARTIALS",
+    ),
+    # Live width: the DSA backend's own verify_mask property, in front of AttentionBackend's (None).
+    PluginAttribute(
+        LIVE_WIDTH,
+        f"{_DSA}.verify_mask",
+        f"{_VERIFY_MASK}:verify_mask",
+        shadows="sglang.srt.layers.attention.base_attn_backend.AttentionBackend",
     ),
 )
 
@@ -256,8 +305,17 @@ def _resolve_attribute(row: PluginAttribute) -> tuple[type, object]:
     owner = pkgutil.resolve_name(owner_path)
     if not isinstance(owner, type):
         raise TypeError(f"{owner_path} is not a class")
-    if hasattr(owner, name):
-        raise AttributeError(f"SGLang already defines {name}; this plugin does not replace it")
+    if row.shadows is None:
+        if hasattr(owner, name):
+            raise AttributeError(f"SGLang already defines {name}; this plugin does not replace it")
+    else:
+        defined_by = next((cls for cls in owner.__mro__ if name in vars(cls)), None)
+        if defined_by is not pkgutil.resolve_name(row.shadows):
+            where = "nowhere" if defined_by is None else f"in {defined_by.__qualname__}"
+            raise AttributeError(
+                f"{name} is defined {where}, not only in {row.shadows}; this plugin does not "
+                "replace it"
+            )
     return owner, pkgutil.resolve_name(row.value)
 
 

@@ -208,3 +208,36 @@ def test_the_command_names_a_local_build_of_the_tested_version_tested(
     out = capsys.readouterr().out.splitlines()
     [line] = [line for line in out if line.strip().startswith("SGLang ")]
     assert note in line
+
+
+def live_width_rows(out: str) -> dict[str, str]:
+    start = out.index("live_width part")
+    rows = {}
+    for line in out[start:].splitlines()[1:]:
+        if not line.strip():
+            break
+        change, _, rest = line.strip().partition("  ")
+        rows[change] = " ".join(rest.split())
+    return rows
+
+
+def test_the_command_says_what_the_live_width_switch_engages(monkeypatch, capsys, set_platform):
+    monkeypatch.setattr(selfcheck, "CHECKS", ())
+    set_platform(cuda=True, hip=False)
+    monkeypatch.setenv("SGLANG_OPT_USE_TOPK_V2", "0")
+    monkeypatch.setenv("SGLANG_DSA_BOUNDED_REPLAY_METADATA", "0")
+    assert main() == 0
+    rows = live_width_rows(capsys.readouterr().out)
+    assert rows["verify tree mask QLEN_ONLY, not read (DSA target)"].startswith("yes")
+    assert rows["no wide page_table_1: target, draft extend"] == "no SGLANG_OPT_USE_TOPK_V2=0"
+    assert rows["no wide page_table_1: MTP draft steps"] == (
+        "no SGLANG_OPT_USE_TOPK_V2=0; SGLANG_DSA_BOUNDED_REPLAY_METADATA=0"
+    )
+    assert rows["one real_page_table per backend"].startswith("yes")
+
+
+def test_the_live_width_parts_are_not_listed_when_the_switch_is_off(monkeypatch, capsys):
+    monkeypatch.setattr(selfcheck, "CHECKS", ())
+    monkeypatch.setenv("SGLANG_DSA_LIVE_WIDTH", "0")
+    assert main() == 0
+    assert "live_width part" not in capsys.readouterr().out

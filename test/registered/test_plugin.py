@@ -136,6 +136,14 @@ def test_the_shipped_attributes_are_an_opt_in_method_and_a_none_field_default(fr
     assert LogitsProcessorOutput(next_token_logits=None).next_token_argmax_partials is None
 
 
+def test_the_dsa_backends_verify_mask_is_none_until_the_plugin_creates_one(fresh_plugin):
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+
+    plugin.register()
+    assert isinstance(vars(DeepseekSparseAttnBackend)["verify_mask"], property)
+    assert object.__new__(DeepseekSparseAttnBackend).verify_mask is None
+
+
 def use_one_hook_and_one_attribute(monkeypatch, target=NEW_ATTRIBUTE):
     use_hooks(
         monkeypatch,
@@ -169,6 +177,48 @@ def test_an_attribute_sglang_already_defines_disables_its_feature(fresh_plugin, 
     assert not status.enabled and "already defines parse" in status.reason
     [warning] = plugin_warnings(caplog)
     assert "EnvBool.parse" in warning
+
+
+def use_one_shadowing_attribute(monkeypatch, target, shadows="sglang.srt.environ.EnvField"):
+    use_hooks(
+        monkeypatch,
+        PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK),
+        attributes=(
+            PluginAttribute(
+                BOUNDED_REPLAY_METADATA, target, f"{__name__}:ATTRIBUTE_VALUE", shadows=shadows
+            ),
+        ),
+    )
+
+
+def test_a_shadowing_attribute_goes_in_front_of_the_one_its_base_defines(fresh_plugin):
+    use_one_shadowing_attribute(fresh_plugin, "sglang.srt.environ.EnvBool.is_set")
+    try:
+        plugin.register()
+        assert vars(EnvBool)["is_set"] == ATTRIBUTE_VALUE
+        assert plugin.feature_status()[BOUNDED_REPLAY_METADATA.feature].enabled
+    finally:
+        if "is_set" in vars(EnvBool):
+            delattr(EnvBool, "is_set")
+
+
+@pytest.mark.parametrize(
+    "target,shadows,defined",
+    [
+        ("sglang.srt.environ.EnvBool.parse", "sglang.srt.environ.EnvField", "in EnvBool"),
+        ("sglang.srt.environ.EnvBool.is_set", "sglang.srt.environ.EnvBool", "in EnvField"),
+        ("sglang.srt.environ.EnvBool.no_such_name", "sglang.srt.environ.EnvField", "nowhere"),
+    ],
+    ids=["the-class-defines-it", "another-base-defines-it", "nothing-defines-it"],
+)
+def test_a_shadowing_attribute_whose_definition_moved_disables_its_feature(
+    fresh_plugin, target, shadows, defined
+):
+    use_one_shadowing_attribute(fresh_plugin, target, shadows)
+    plugin.register()
+    status = plugin.feature_status()[BOUNDED_REPLAY_METADATA.feature]
+    assert not status.enabled and f"is defined {defined}" in status.reason
+    assert getattr(EnvBool, target.rpartition(".")[2], None) != ATTRIBUTE_VALUE
 
 
 def test_a_feature_without_hook_rows_is_off_as_not_yet_implemented(fresh_plugin):

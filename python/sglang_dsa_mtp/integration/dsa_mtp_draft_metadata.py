@@ -68,14 +68,17 @@ def _tables_mismatch(metas, backends) -> str | None:
             ):
                 return f"step backend {i}'s {name} is {tuple(a.shape)}, step 0's {tuple(b.shape)}"
     if m0.page_table_1 is None:
-        return "the step backends have no page_table_1"
-    if m0.page_table_1.dtype != torch.int32:
+        if first.physical_page_size == 1:
+            return "the step backends have no page_table_1 (page size 1)"
+    elif m0.page_table_1.dtype != torch.int32:
         return f"page_table_1 is {m0.page_table_1.dtype}, not int32"
     return None
 
 
-def why_not_one_launch(multi, bs: int) -> str | None:
-    """Why the captured ``bs`` must keep SGLang's precompute + copies, or None when one launch applies."""
+def why_not_one_launch(multi, bs: int | None = None) -> str | None:
+    """Why the captured ``bs`` must keep SGLang's precompute + copies, or None when one launch applies.
+
+    With ``bs`` None, only the conditions known before any capture (no per-bs graph metadata)."""
     enabled, why = BOUNDED_REPLAY_METADATA.state()
     if not enabled:
         return why
@@ -93,8 +96,10 @@ def why_not_one_launch(multi, bs: int) -> str | None:
             return f"step backend {i} has dsa_index_kpool {backend.dsa_index_kpool}"
         if backend.experimental_kpool_metadata_fusion:
             return f"step backend {i} uses KPool metadata fusion"
-        if bs not in backend.decode_cuda_graph_metadata:
+        if bs is not None and bs not in backend.decode_cuda_graph_metadata:
             return f"step backend {i} has no CUDA-graph metadata for bs {bs}"
+    if bs is None:
+        return None
     return _tables_mismatch([b.decode_cuda_graph_metadata[bs] for b in backends], backends)
 
 
@@ -221,7 +226,7 @@ def one_launch_kwargs(multi, forward_batch, bs: int) -> dict:
             for m in metas
         ],
         bs=bs,
-        max_len=m0.page_table_1.shape[1],
+        max_len=first._graph_page_table_width(m0),
         dsa_index_topk=first.dsa_index_topk,
         physical_page_size=page_size,
     )

@@ -3,15 +3,23 @@
 The plugin itself (``plugin.py``, ``switches.py``, ``integration/``, ``kernels/``) never imports
 this package. What is here:
 
-- ``reference``: SGLang 0.5.23's own pure-Triton kernels, loaded by file path (the references);
+- ``reference``: SGLang 0.5.23's own pure-Triton kernels, loaded by file path (the references),
+  SGLang's speculative kernels with stand-ins for the platform helpers they import;
 - ``metadata_cases``: replay-metadata scenarios with poisoned buffers, and their self-checks;
 - ``argmax_cases``: greedy-draft argmax scenarios (tie / NaN / inf rows), and their self-check;
+- ``dsa_backends``: SGLang's DSA backends on the CPU (``CpuDsaServer``), built, captured and
+  replayed by SGLang's own code, for the replay-metadata hook sites;
+- ``dsa_launch``: SGLang's real DSA backends built by its own constructors in a published EAGLE
+  launch, off the GPU (CPU or meta device), with their graph captures and replays (live width);
+- ``indexer_cases``: the DSA indexer's chunked paged-MQA logits, SGLang's and the live-width copy;
+- ``verify_tree``: a chain draft's verify inputs, built SGLang's FULL_MASK way and its chain-tree way;
 - ``process_group``: spawning a group of processes (a TP group of CPU or GPU ranks);
 - ``gpu_tp``: a real TP group of GPUs on NCCL, and the two-GPU exchange test's body;
 - ``cpu_tp``: SGLang's real TP group and LM-head path in CPU processes (gloo);
 - ``deployment``: an MTP draft head built as SGLang builds it for a (quantized) checkpoint;
 - ``compiles``: counting Triton JIT compiles (the no-compile-on-the-serving-path GPU tests);
 - ``timing``: CUDA-graph and host timing, and the floors printed beside every figure;
+- ``scripts``: loading a benchmark or e2e script as a module, its options and their help;
 - ``bench_cli``: the benchmark scripts' shared options and output;
 - ``check``: what one self-check returns.
 """

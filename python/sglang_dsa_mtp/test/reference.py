@@ -19,6 +19,7 @@ import ast
 import importlib.util
 import sys
 import types
+from importlib import metadata
 from pathlib import Path
 
 _KPOOL_SCAN = "sglang.kernels.ops.attention.dsa.kpool_metadata.scan"
@@ -36,8 +37,13 @@ def sglang_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def load_sglang_file(relpath: str, *, strip_asserts: bool = False) -> types.ModuleType:
-    """Execute ``sglang/<relpath>`` as a private module and return it (cached)."""
+def load_sglang_file(
+    relpath: str, *, strip_asserts: bool = False, stand_ins: dict | None = None
+) -> types.ModuleType:
+    """Execute ``sglang/<relpath>`` as a private module and return it (cached).
+
+    ``stand_ins`` maps module names the file imports to modules served in their place while it
+    executes (and only then)."""
     key = (relpath, strip_asserts)
     if key in _cache:
         return _cache[key]
@@ -58,11 +64,18 @@ def load_sglang_file(relpath: str, *, strip_asserts: bool = False) -> types.Modu
     )
     if injected:
         sys.modules[_KPOOL_SCAN] = load_sglang_file(_KPOOL_SCAN_FILE)
+    served = {name: sys.modules.get(name) for name in stand_ins or {}}
+    sys.modules.update(stand_ins or {})
     try:
         exec(code, module.__dict__)
     finally:
         if injected:
             del sys.modules[_KPOOL_SCAN]
+        for name, previous in served.items():
+            if previous is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = previous
     _cache[key] = module
     return module
 
@@ -122,3 +135,60 @@ def sglang_function(relpath: str, qualname: str, namespace: dict, *, closure: di
     scope = dict(namespace)
     exec(code, scope)
     return scope[node.name] if closure is None else scope["_enclosing"](**closure)
+
+
+def _platform_stand_ins() -> dict[str, types.ModuleType]:
+    """``sglang.srt.utils`` and ``sglang.srt.platforms`` as SGLang's speculative kernel files use
+    them, reporting SGLang's Triton platform (its XPU branch): importing the real ones imports all
+    of SGLang."""
+    import triton
+
+    def module(name, **attrs):
+        stand_in = types.ModuleType(name)
+        stand_in.__path__ = []  # a package, so that its submodules resolve
+        stand_in.__dict__.update(attrs)
+        return stand_in
+
+    def reject_out_of_tree_path(platform, subsystem):
+        raise RuntimeError(f"{subsystem}: no SGLang platform for it in the reference loader")
+
+    no = lambda: False  # noqa: E731
+    platform = types.SimpleNamespace(is_out_of_tree=no)
+    return {
+        "sglang": module("sglang"),
+        "sglang.srt": module("sglang.srt"),
+        "sglang.srt.utils": module(
+            "sglang.srt.utils",
+            is_cpu=no,
+            is_cuda=no,
+            is_hip=no,
+            is_musa=no,
+            is_npu=no,
+            is_xpu=lambda: True,
+            next_power_of_2=triton.next_power_of_2,
+        ),
+        "sglang.srt.platforms": module("sglang.srt.platforms", current_platform=platform),
+        "sglang.srt.platforms.interface": module(
+            "sglang.srt.platforms.interface", reject_out_of_tree_path=reject_out_of_tree_path
+        ),
+    }
+
+
+def speculative_module(name: str) -> types.ModuleType:
+    """``sglang/kernels/ops/speculative/<name>.py`` (``eagle``: the chain-tree kernel, ``spec_tree``:
+    the tree builder and greedy verify, ``cache_locs``: the verify cache locations), bound to SGLang's
+    Triton implementations (its XPU branch): SGLang's CUDA tree kernels are JIT builds that need
+    SGLang's build tools. Where SGLang is not installed (the GPU machine), the platform helpers these
+    files import are served by stand-ins."""
+    try:
+        metadata.version("sglang")
+        stand_ins = None
+    except metadata.PackageNotFoundError:
+        stand_ins = _platform_stand_ins()
+    module = load_sglang_file(f"kernels/ops/speculative/{name}.py", stand_ins=stand_ins)
+    for flag in ("_is_cuda", "_is_hip", "_is_cpu"):
+        if flag in vars(module):
+            setattr(module, flag, False)
+    if "_is_xpu" in vars(module):
+        module._is_xpu = True
+    return module

@@ -194,8 +194,16 @@ def test_backends_off_the_bounded_kernels_are_not_warmed_up(dsa_server, spies, h
 # ------------------------------------------------------------------------------------------------
 
 
+METADATA_FEATURES = ("bounded_replay_metadata ", "one-launch MTP draft-decode metadata ")
+
+
 def startup_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    """The INFO lines of the two replay-metadata changes (other switches log their own)."""
+    return [
+        message
+        for message in (r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+        if any(f"sglang_dsa_mtp: {feature}" in message for feature in METADATA_FEATURES)
+    ]
 
 
 def test_each_backend_says_once_what_decided_its_kernels(dsa_server, caplog):

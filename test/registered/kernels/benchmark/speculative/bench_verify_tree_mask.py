@@ -33,55 +33,49 @@ Both arms' outputs are checked equal first (``verify_tree.differences``). Figure
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
 from sglang_dsa_mtp.devices import select_device
+from sglang_dsa_mtp.test.bench_cli import benchmark_parser
 
 LAUNCHES = {"4/1/5": 4, "5/1/6": 5}  # EAGLE steps/topk/draft tokens -> steps
 MAX_BS = 48  # SGLang's running-request cap in spec mode: the preallocated mask's max bs
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser():
+    parser = benchmark_parser(__doc__)
     parser.add_argument(
         "--launch",
         nargs="+",
         default=list(LAUNCHES),
         choices=list(LAUNCHES),
-        help="EAGLE launches (default: %(default)s)",
+        help="EAGLE launches",
     )
     parser.add_argument(
         "--bs",
         nargs="+",
         type=int,
         default=[1, 4, 16, 48],
-        help="batch sizes (default: %(default)s)",
+        help="batch sizes",
     )
     parser.add_argument(
         "--context",
         type=int,
         default=1 << 20,
-        help="--context-length, the FULL_MASK's max_context_len (default: %(default)s)",
+        help="--context-length, the FULL_MASK's max_context_len",
     )
-    parser.add_argument(
-        "--live", type=int, default=1024, help="tokens of every request (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--calls", type=int, default=20, help="calls per CUDA graph (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--replays", type=int, default=30, help="graph replays, median taken (default: %(default)s)"
-    )
+    parser.add_argument("--live", type=int, default=1024, help="tokens of every request")
+    parser.add_argument("--calls", type=int, default=20, help="calls per CUDA graph")
+    parser.add_argument("--replays", type=int, default=30, help="graph replays, median taken")
     parser.add_argument(
         "--dry-run",
         action="store_true",
         help="run the arms and the equality check on the CPU through Triton's interpreter, at a "
-        "4096-token context and bs 1, 4, without timing (default: off)",
+        "4096-token context and bs 1, 4, without timing",
     )
-    return parser.parse_args(argv)
+    return parser
 
 
 def make_draft(steps: int, bs: int, context: int, live: int, device):
@@ -99,7 +93,7 @@ def make_draft(steps: int, bs: int, context: int, live: int, device):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     device = select_device()
     if args.dry_run:
         args.context, args.bs = 4096, [1, 4]

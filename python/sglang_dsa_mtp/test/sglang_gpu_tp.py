@@ -66,7 +66,7 @@ ROUTES = {
     route.name: route
     for route in (
         Route(
-            "custom-ar-v2", "(SGLang's defaults)", env={"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "1"}
+            "custom-ar-v2", "SGLang's defaults", env={"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "1"}
         ),
         Route(
             "custom-ar-legacy",

@@ -138,12 +138,15 @@ def route_group(rank: int, world: int, init_method: str, route_name: str):
 
 
 def describe_communicators(group) -> dict:
-    """The device communicators SGLang built for ``group`` (type name, or None; "disabled")."""
+    """The device communicators SGLang built for ``group``: type name (" (disabled)" when it
+    turned itself off), or None."""
 
     def name(comm):
         if comm is None:
             return None
-        return type(comm).__name__ + (" (disabled)" if getattr(comm, "disabled", False) else "")
+        # pynccl is disabled outside graph_capture() by design; ``available`` says it works.
+        usable = getattr(comm, "available", not getattr(comm, "disabled", False))
+        return type(comm).__name__ + ("" if usable else " (disabled)")
 
     return dict(
         custom_all_reduce=name(group.ca_comm),
@@ -157,7 +160,8 @@ def describe_communicators(group) -> dict:
 
 
 def route_offered(route_name: str, communicators: dict) -> Optional[str]:
-    """None when SGLang built what ``route_name`` asks for on this machine, else why not."""
+    """None when SGLang built what ``route_name`` asks for on this machine, enabled, else why not
+    (e.g. torch symmetric memory disables itself without NVLink multicast)."""
     wanted = {
         "custom-ar-v2": ("custom_all_reduce", "CustomAllReduceV2"),
         "custom-ar-legacy": ("custom_all_reduce", "CustomAllreduce"),
@@ -168,8 +172,10 @@ def route_offered(route_name: str, communicators: dict) -> Optional[str]:
     if wanted is None:
         return None
     key, expected = wanted
-    if communicators[key] is None or not communicators[key].startswith(expected):
+    if communicators[key] != expected:
         return f"SGLang built {communicators[key]} for {key}, not {expected}, on this machine"
+    if route_name == "symm-mem-pynccl" and not communicators["symmetric_memory"]:
+        return "SGLang's symmetric memory is off"
     return None
 
 

@@ -35,7 +35,6 @@ Needs SGLang's Python dependencies (``source test/gpu_sglang_env.sh``) and two o
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -51,43 +50,55 @@ select_device()  # before any kernel module is imported: on a CPU (--dry-run), T
 
 from sglang_dsa_mtp.test import argmax_cases as cases  # noqa: E402
 from sglang_dsa_mtp.test import gpu_tp, sglang_gpu_tp  # noqa: E402
-from sglang_dsa_mtp.test.bench_cli import markdown_header, markdown_row, parse_list  # noqa: E402
+from sglang_dsa_mtp.test.bench_cli import (  # noqa: E402
+    benchmark_parser,
+    markdown_header,
+    markdown_row,
+    parse_list,
+)
 from sglang_dsa_mtp.test.process_group import run_group  # noqa: E402
 
 DRY_RUN = dict(vocab=1001, hidden=64, rows=[1, 3])
 ARMS = ("GEMM", "gather", "all-reduce", "GEMM + all-reduce", "exchange")
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser():
+    parser = benchmark_parser(__doc__)
     parser.add_argument(
         "--routes",
         default=",".join(sglang_gpu_tp.GPU_ROUTES),
-        help="comma-separated routes of sglang_gpu_tp.ROUTES (default: %(default)s)",
+        help="all-reduce routes (sglang_gpu_tp.ROUTES), comma-separated; one table each",
     )
     parser.add_argument(
         "--num-gpu",
         type=int,
         default=None,
-        help="TP size (default: every visible GPU); 1 checks the script on one GPU (SGLang's group "
-        "of one rank: nothing to exchange with, so no exchange arm)",
-    )
-    parser.add_argument("--rows", default="1,2,4,8,16", help="row counts (default: %(default)s)")
-    parser.add_argument("--vocab", type=int, default=cases.VOCAB, help="default: %(default)s")
-    parser.add_argument("--hidden", type=int, default=cases.HIDDEN, help="default: %(default)s")
-    parser.add_argument(
-        "--calls", type=int, default=10, help="calls captured per graph (default: %(default)s)"
+        help="TP size, one process per GPU (default: every visible GPU); 1 checks the script on "
+        "one GPU (SGLang's group of one rank: nothing to exchange with, so no exchange arm)",
     )
     parser.add_argument(
-        "--replays", type=int, default=30, help="timed rounds per arm (default: %(default)s)"
+        "--rows", default="1,2,4,8,16", help="draft rows (batch size x 1), comma-separated"
     )
-    parser.add_argument("--json", help="write every measurement to this file (default: none)")
+    parser.add_argument("--vocab", type=int, default=cases.VOCAB, help="vocabulary size")
+    parser.add_argument("--hidden", type=int, default=cases.HIDDEN, help="hidden size")
+    parser.add_argument(
+        "--calls", type=int, default=10, help="calls captured back to back in one CUDA graph"
+    )
+    parser.add_argument(
+        "--replays", type=int, default=30, help="timed rounds; each figure is their median"
+    )
+    parser.add_argument("--json", help="write every measurement to this file")
     parser.add_argument(
         "--dry-run",
         action="store_true",
         help="run the arms once, eagerly and untimed, in a 2-process CPU (gloo) group at vocab "
         f"{DRY_RUN['vocab']}, hidden {DRY_RUN['hidden']}, rows {DRY_RUN['rows']}",
     )
+    return parser
+
+
+def parse_args(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.rows = parse_list(args.rows)
     args.routes = args.routes.split(",")

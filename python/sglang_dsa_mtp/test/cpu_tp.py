@@ -1,9 +1,11 @@
 """SGLang 0.5.23's real LM-head logits path in a tensor-parallel group of CPU processes (gloo).
 
-* :func:`sglang_tp_group`: inside a process started by
+* :func:`sglang_parallel_groups`: inside a process started by
   :func:`sglang_dsa_mtp.test.process_group.run_group`, publishes a dummy SGLang config with
-  ``tp_size=world``, builds SGLang's distributed environment and model-parallel groups on gloo,
-  and tears them down on exit.
+  ``tp_size=world`` and the given server args, sets SGLang's all-reduce switches from it, builds
+  SGLang's distributed environment and model-parallel groups, and tears them down on exit;
+  :func:`sglang_tp_group` is its CPU (gloo) form (the GPU form is
+  :func:`sglang_dsa_mtp.test.sglang_gpu_tp.sglang_gpu_tp_group`).
 * :func:`build_lm_head`: a vocab-parallel ``ParallelLMHead`` holding this rank's shard of a seeded
   full weight, and a ``LogitsProcessor`` that all-gathers the logits over the TP group;
   :func:`build_shared_draft_head`: the same for a quantized checkpoint's NextN draft head, built and
@@ -37,62 +39,122 @@ QUANTIZED_CHECKPOINT = "modelopt_fp4"
 
 
 @contextlib.contextmanager
-def sglang_tp_group(rank: int, world: int, init_method: str):
-    """SGLang's TP group of ``world`` CPU processes on gloo, this process being ``rank``.
+def sglang_parallel_groups(
+    rank: int,
+    world: int,
+    init_method: str,
+    *,
+    backend: str,
+    server_args: Optional[dict] = None,
+    group_kwargs: Optional[dict] = None,
+):
+    """SGLang's distributed environment and model-parallel groups, built as SGLang builds them.
 
-    Call it first in a spawned child: it selects the device (``TRITON_INTERPRET=1`` without CUDA)
-    before anything imports SGLang or Triton. Yields SGLang's TP ``GroupCoordinator``.
-
-    Steps: ``get_context().override_server_args(tp_size=world).install()``;
-    ``get_parallel().override(tp_rank=rank)`` (the override publishes no ranks);
-    ``init_distributed_environment(backend="gloo")``; ``initialize_model_parallel(backend="gloo")``
-    with ``use_pynccl=False, use_custom_allreduce=False`` forced on every group it builds (a CUDA
-    build of torch finds libnccl and PyNccl then asks for a CUDA device; the custom all-reduce
-    only warns). ``LOCAL_SIZE`` is dropped from the environment so that SGLang's CPU shared-memory
-    collectives (``sgl_kernel.shm_*``) stay off and CPU tensors go through gloo. On exit: the
-    groups, WORLD and the process group are destroyed and the previous config is restored.
+    Publishes a dummy SGLang config with ``tp_size=world`` and ``server_args`` (real
+    ``ServerArgs`` fields, e.g. ``disable_custom_all_reduce=True``) through
+    ``get_context().override_server_args``; overrides ``tp_rank`` (the override publishes no
+    ranks); sets SGLang's all-reduce switches from that config with SGLang's own
+    ``bootstrap._set_all_reduce_flags`` (``set_custom_all_reduce``, ``set_mscclpp``,
+    ``set_torch_symm_mem_all_reduce``, FlashInfer's all-reduce-only tag), restoring them on exit;
+    then ``init_distributed_environment(backend=backend)`` with ``local_rank=rank`` and
+    ``initialize_model_parallel(backend=backend, enable_symm_mem=...)`` as
+    ``bootstrap._init_parallel_groups`` calls them. ``group_kwargs`` are forced on every group
+    ``initialize_model_parallel`` builds (the CPU harness turns pynccl and the custom all-reduce
+    off). Yields SGLang's TP ``GroupCoordinator``; on exit the groups, WORLD and the process group
+    are destroyed and the previous config is restored.
     """
-    if select_device().type != "cpu":
-        raise RuntimeError("sglang_tp_group builds a CPU (gloo) group; this machine has CUDA")
-    os.environ.pop("LOCAL_SIZE", None)
-    from sglang.srt.distributed import parallel_state
-    from sglang.srt.runtime_context import get_context, get_parallel
+    from sglang.srt.distributed import bootstrap, parallel_state
+    from sglang.srt.runtime_context import get_context, get_exec, get_parallel
 
     build_group = parallel_state.init_model_parallel_group
 
-    def build_cpu_group(*args, **kwargs):
-        kwargs.update(use_pynccl=False, use_custom_allreduce=False)
+    def build_forced_group(*args, **kwargs):
+        kwargs.update(group_kwargs)
         return build_group(*args, **kwargs)
 
-    override = get_context().override_server_args(tp_size=world)
+    flags = [
+        "_ENABLE_CUSTOM_ALL_REDUCE",
+        "_ENABLE_MSCCLPP",
+        "_ENABLE_TORCH_SYMM_MEM_ALL_REDUCE",
+        "_ENABLE_FLASHINFER_ALLREDUCE_ONLY",
+    ]
+    saved_flags = {name: getattr(parallel_state, name) for name in flags}
+    override = get_context().override_server_args(tp_size=world, **(server_args or {}))
     override.install()
     try:
         with get_parallel().override(tp_rank=rank):
             try:
+                bootstrap._set_all_reduce_flags()
                 parallel_state.init_distributed_environment(
                     world_size=world,
                     rank=rank,
                     local_rank=rank,
                     distributed_init_method=init_method,
-                    backend="gloo",
+                    backend=backend,
                 )
-                parallel_state.init_model_parallel_group = build_cpu_group
+                if group_kwargs:
+                    parallel_state.init_model_parallel_group = build_forced_group
                 try:
-                    parallel_state.initialize_model_parallel(backend="gloo")
+                    parallel_state.initialize_model_parallel(
+                        backend=backend, enable_symm_mem=get_exec().comm.enable_symm_mem
+                    )
                 finally:
                     parallel_state.init_model_parallel_group = build_group
                 yield get_parallel().tp_group
             finally:
                 parallel_state.destroy_model_parallel()
                 parallel_state.destroy_distributed_environment()
+                for name, value in saved_flags.items():
+                    setattr(parallel_state, name, value)
     finally:
         override.restore()
+
+
+@contextlib.contextmanager
+def sglang_tp_group(rank: int, world: int, init_method: str):
+    """SGLang's TP group of ``world`` CPU processes on gloo, this process being ``rank``.
+
+    Call it first in a spawned child: it selects the device (``TRITON_INTERPRET=1`` without CUDA)
+    before anything imports SGLang or Triton. Yields SGLang's TP ``GroupCoordinator``, built by
+    :func:`sglang_parallel_groups` on gloo with ``use_pynccl=False, use_custom_allreduce=False``
+    forced on every group (a CUDA build of torch finds libnccl and PyNccl then asks for a CUDA
+    device; the custom all-reduce only warns). ``LOCAL_SIZE`` is dropped from the environment so
+    that SGLang's CPU shared-memory collectives (``sgl_kernel.shm_*``) stay off and CPU tensors go
+    through gloo.
+    """
+    if select_device().type != "cpu":
+        raise RuntimeError("sglang_tp_group builds a CPU (gloo) group; this machine has CUDA")
+    os.environ.pop("LOCAL_SIZE", None)
+    with sglang_parallel_groups(
+        rank,
+        world,
+        init_method,
+        backend="gloo",
+        group_kwargs=dict(use_pynccl=False, use_custom_allreduce=False),
+    ) as group:
+        yield group
 
 
 def full_lm_head_weight(vocab_size: int, hidden: int, *, dtype: torch.dtype, seed: int):
     """The seeded ``[vocab_size, hidden]`` weight (normal times 0.05, then ``dtype``)."""
     gen = torch.Generator().manual_seed(seed)
     return (torch.randn(vocab_size, hidden, generator=gen) * 0.05).to(dtype)
+
+
+def logits_processor(
+    vocab_size: int,
+    *,
+    logit_scale: Optional[float] = None,
+    final_logit_softcapping: Optional[float] = None,
+):
+    """SGLang's ``LogitsProcessor(SimpleNamespace(vocab_size=...[, final_logit_softcapping=...]),
+    logit_scale=logit_scale)``, inside an SGLang TP group."""
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+
+    config = SimpleNamespace(vocab_size=vocab_size)
+    if final_logit_softcapping is not None:
+        config.final_logit_softcapping = final_logit_softcapping
+    return LogitsProcessor(config, logit_scale=logit_scale)
 
 
 def build_lm_head(
@@ -103,27 +165,27 @@ def build_lm_head(
     seed: int,
     logit_scale: Optional[float] = None,
     final_logit_softcapping: Optional[float] = None,
+    device: Optional[torch.device] = None,
 ):
-    """``(lm_head, processor, full_weight)``, inside :func:`sglang_tp_group`.
+    """``(lm_head, processor, full_weight)``, inside an SGLang TP group.
 
-    ``full_weight`` is :func:`full_lm_head_weight` (the same on every rank). The head's shard is
-    loaded from it by SGLang's ``weight_loader``, which zeroes the padding rows. The processor is
-    ``LogitsProcessor(SimpleNamespace(vocab_size=...[, final_logit_softcapping=...]),
-    logit_scale=logit_scale)``. A softcapped forward cannot run under Triton's interpreter: SGLang
+    ``full_weight`` is :func:`full_lm_head_weight` (the same on every rank, on the CPU). The head is
+    built on ``device`` (default: torch's default device) and its shard is loaded from
+    ``full_weight`` by SGLang's ``weight_loader``, which zeroes the padding rows. The processor is
+    :func:`logits_processor`. A softcapped forward cannot run under Triton's interpreter: SGLang
     softcaps CPU logits with a Triton kernel (``is_cpu()`` is False without
     ``SGLANG_USE_CPU_ENGINE=1``) that calls ``libdevice.tanh``, which the interpreter of Triton 3.8
     does not implement.
     """
-    from sglang.srt.layers.logits_processor import LogitsProcessor
     from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 
     full_weight = full_lm_head_weight(vocab_size, hidden, dtype=dtype, seed=seed)
-    lm_head = ParallelLMHead(vocab_size, hidden, params_dtype=dtype)
+    with contextlib.nullcontext() if device is None else torch.device(device):
+        lm_head = ParallelLMHead(vocab_size, hidden, params_dtype=dtype)
     lm_head.weight.weight_loader(lm_head.weight, full_weight)
-    config = SimpleNamespace(vocab_size=vocab_size)
-    if final_logit_softcapping is not None:
-        config.final_logit_softcapping = final_logit_softcapping
-    processor = LogitsProcessor(config, logit_scale=logit_scale)
+    processor = logits_processor(
+        vocab_size, logit_scale=logit_scale, final_logit_softcapping=final_logit_softcapping
+    )
     return lm_head, processor, full_weight
 
 
@@ -190,7 +252,7 @@ def logits_forward(
     metadata)``. ``mode``: ``"decode"`` or ``"draft_extend_v2"`` (``select_index`` then picks the
     rows that get logits, or None for all). No logprobs; ``input_ids`` are zeros (unread)."""
     metadata = logits_metadata(mode, select_index)
-    input_ids = torch.zeros(hidden_states.shape[0], dtype=torch.int64)
+    input_ids = torch.zeros(hidden_states.shape[0], dtype=torch.int64, device=hidden_states.device)
     return processor.forward(input_ids, hidden_states, lm_head, metadata)
 
 
@@ -244,10 +306,17 @@ def _bits_differ(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
     return f"{int(differ.sum())} elements differ (first at {where}, max abs diff {diff:.3g})"
 
 
-def _sglang_pick(output, mode: str, rows: int) -> dict:
+def sglang_pick(
+    output,
+    mode: str,
+    positions: Optional[torch.Tensor] = None,
+    draft_tokens: Optional[torch.Tensor] = None,
+) -> dict:
     """SGLang's greedy draft pick from the output's (gathered) logits, or the plugin's from its
-    partials: draft decode through ``draft_topk1_postprocess`` (hooked by the plugin), draft
-    extend as SGLang's CUDA path does (``torch.argmax``) or from the partials (``propagate``)."""
+    partials: draft decode through ``draft_topk1_postprocess`` (hooked by the plugin; it advances
+    ``positions`` and writes draft-token column 1; default: fresh ones, positions ``5 + 3 * row``),
+    draft extend as SGLang's CUDA path does (``torch.argmax``) or from the partials
+    (``propagate``)."""
     from sglang.kernels.ops.speculative import topk1
 
     from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import (
@@ -255,8 +324,11 @@ def _sglang_pick(output, mode: str, rows: int) -> dict:
     )
 
     if mode == "decode":
-        positions = torch.arange(rows, dtype=torch.int64) * 3 + 5
-        draft_tokens = torch.full((rows, 3), -7, dtype=torch.int64)
+        rows, device = output.next_token_logits.shape[0], output.next_token_logits.device
+        if positions is None:
+            positions = (torch.arange(rows, dtype=torch.int64) * 3 + 5).to(device)
+        if draft_tokens is None:
+            draft_tokens = torch.full((rows, 3), -7, dtype=torch.int64, device=device)
         topk_p, topk_index = topk1.draft_topk1_postprocess(
             output.next_token_logits, positions, draft_tokens, 1
         )
@@ -379,7 +451,7 @@ def exchange_on_off_worker(
                     problem = _bits_differ(output.next_token_logits, want)
                     if problem:
                         failures.append(f"{where}, {mode}, {rows} rows: {problem}")
-                    picks.append(_sglang_pick(output, mode, rows))
+                    picks.append(sglang_pick(output, mode))
                     if int(picks[-1]["topk_index"][0]) != 5:
                         failures.append(f"{where}, {mode}: row 0 did not pick column 5")
 
@@ -394,7 +466,7 @@ def exchange_on_off_worker(
                     if output.next_token_argmax_partials is None:
                         failures.append(f"{where}, {mode}, {rows} rows: no partials")
                         continue
-                    ours = _sglang_pick(output, mode, rows)
+                    ours = sglang_pick(output, mode)
                     for name, value in expected.items():
                         if value.dtype != ours[name].dtype or not torch.equal(value, ours[name]):
                             failures.append(

@@ -2,13 +2,16 @@
 
 :func:`init_tp_group` joins this process to the group, :func:`make_all_reduce` gives the two
 communication arms (NCCL, torch symmetric memory), and :func:`exchange_tp_worker` is the body of the
-two-GPU test of the draft argmax exchange (started by :func:`process_group.run_group`).
+two-GPU test of the draft argmax exchange (started by :func:`process_group.run_group`). The TP
+benchmarks share :func:`tp_size`, :func:`interleaved_times_us` and :func:`max_over_ranks`.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -26,7 +29,22 @@ from sglang_dsa_mtp.test.argmax_cases import (
     sum_buffers,
     sum_orders,
 )
-from sglang_dsa_mtp.test.timing import capture_graph
+from sglang_dsa_mtp.test.timing import capture_graph, replay_us
+
+SLEEP_CYCLES = 2_000_000  # ~1 ms at 2 GHz: both hosts enqueue the timed replay meanwhile
+
+
+def tp_size(requested: Optional[int], least: int = 2) -> Optional[int]:
+    """The TP size a benchmark runs at: ``requested``, or every visible GPU; None, after saying why
+    on stderr, when that is not between ``least`` and the visible GPU count."""
+    import sys
+
+    visible = torch.cuda.device_count()
+    world = requested or visible
+    if not least <= world <= visible:
+        print(f"--num-gpu must be between {least} and the {visible} visible GPUs", file=sys.stderr)
+        return None
+    return world
 
 
 def init_tp_group(rank: int, world: int, init_method: str) -> torch.device:
@@ -274,3 +292,30 @@ def _graph_replays(buffer, all_reduce, rank, world, vocab, rows, step, names, re
     if replays > 1 and len(seen) == 1:
         problems.append(f"vocab {vocab}, rows {rows}: every replay picked the same tokens")
     return problems
+
+
+def interleaved_times_us(graphs: dict, calls: int, replays: int) -> dict:
+    """Median microseconds per call of each graph (anything with ``replay()``, holding ``calls``
+    calls) over ``replays`` rounds; each round replays every graph once, in turn, so that clock and
+    power drift reach all arms alike. Before each timed replay the ranks meet on the GPU (a sleep
+    kernel, then a one-element all-reduce on the default group, both outside the timed events), so
+    that no rank's time includes waiting for another rank's host to launch."""
+    import torch.distributed as dist
+
+    meet = torch.zeros(1, device="cuda")
+    times = {name: [] for name in graphs}
+    for _ in range(replays):
+        for name, graph in graphs.items():
+            torch.cuda._sleep(SLEEP_CYCLES)
+            dist.all_reduce(meet)
+            times[name].append(replay_us(graph))
+    return {name: statistics.median(t) / calls for name, t in times.items()}
+
+
+def max_over_ranks(value: float) -> float:
+    """The maximum of ``value`` over the ranks of the default group."""
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()

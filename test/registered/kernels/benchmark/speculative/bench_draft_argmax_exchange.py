@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import traceback
 
@@ -61,10 +60,9 @@ from sglang_dsa_mtp.test.bench_cli import (
 )
 from sglang_dsa_mtp.test.process_group import run_group
 from sglang_dsa_mtp.test.reference import topk1_module
-from sglang_dsa_mtp.test.timing import capture_graph, replay_us
+from sglang_dsa_mtp.test.timing import capture_graph
 
 COMMS = ("nccl", "symm_mem")
-SLEEP_CYCLES = 2_000_000  # ~1 ms at 2 GHz: both hosts enqueue the timed replay meanwhile
 TARGET_US = 5.0
 
 
@@ -120,26 +118,6 @@ def capture_calls(body, calls: int) -> torch.cuda.CUDAGraph:
     graph.replay()
     torch.cuda.synchronize()
     return graph
-
-
-def interleaved_times_us(graphs: dict, calls: int, replays: int) -> dict:
-    """Median microseconds per call of each graph over ``replays`` rounds; each round replays every
-    graph once, in turn, so that clock and power drift reach all arms alike. The ranks meet on the
-    GPU before each timed replay."""
-    meet = torch.zeros(1, device="cuda")
-    times = {name: [] for name in graphs}
-    for _ in range(replays):
-        for name, graph in graphs.items():
-            torch.cuda._sleep(SLEEP_CYCLES)
-            dist.all_reduce(meet)
-            times[name].append(replay_us(graph))
-    return {name: statistics.median(t) / calls for name, t in times.items()}
-
-
-def max_over_ranks(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 class Step:
@@ -258,8 +236,8 @@ def bench_rank(rank: int, world: int, args) -> dict:
                 graphs[f"partials + finalize{suffix}"] = capture_calls(
                     step.kernels_body(), args.calls
                 )
-        row = interleaved_times_us(graphs, args.calls, args.replays)
-        results[rows] = {name: max_over_ranks(value) for name, value in row.items()}
+        row = gpu_tp.interleaved_times_us(graphs, args.calls, args.replays)
+        results[rows] = {name: gpu_tp.max_over_ranks(value) for name, value in row.items()}
         del graphs
     return {"shard_width": width, "results": results, "unavailable": unavailable}
 
@@ -350,12 +328,8 @@ def main(argv=None) -> int:
         dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
         run(rank, world, args)
         return 0
-    world = args.num_gpu or torch.cuda.device_count()
-    if world < 2 or world > torch.cuda.device_count():
-        print(
-            f"--num-gpu must be between 2 and the {torch.cuda.device_count()} visible GPUs",
-            file=sys.stderr,
-        )
+    world = gpu_tp.tp_size(args.num_gpu)
+    if world is None:
         return 2
     run_group(spawned, world, args, timeout_s=3600)
     return 0

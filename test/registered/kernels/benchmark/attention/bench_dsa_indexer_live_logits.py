@@ -56,6 +56,7 @@ from sglang_dsa_mtp.test.bench_cli import (  # noqa: E402
     benchmark_parser,
     markdown_header,
     markdown_row,
+    measurements,
     parse_list,
     parse_tune,
     tunables,
@@ -205,10 +206,9 @@ def main(argv=None) -> int:
     if args.json and timed:
         write_json(
             args.json,
-            gpu=props.name,
-            launch_floor_us=launch,
-            copy_bytes_per_us=bandwidth,
-            points=records,
+            measurements(
+                gpu=props.name, launch_floor_us=launch, copy_bytes_per_us=bandwidth, points=records
+            ),
         )
     return 0
 

@@ -336,7 +336,7 @@ def plot_sweep(record: dict):
             if row == len(ops) - 1:
                 ax.set_xlabel("live KV length (tokens)")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels))
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3))
     l2 = f", {record['l2']} L2" if "l2" in record else ""
     fig.suptitle(f"DSA replay metadata per call, CUDA-graph replays, {record['gpu']}{l2}")
     return fig

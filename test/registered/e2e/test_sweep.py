@@ -81,7 +81,9 @@ def test_sglang_load_client_runs_against_a_stand_in_and_its_result_reads_as_a_ru
     ]
     sharegpt = tmp_path / "sharegpt.json"
     sharegpt.write_text(json.dumps([{"conversations": turns}] * 20))
-    server = standin(model_path=str(word_tokenizer), max_requests=17)
+    # SGLang's load client imports SGLang first: on a loaded 2-core machine that alone can pass the
+    # stand-in's default 30 s lifetime, so this one lives until the test stops it.
+    server = standin(model_path=str(word_tokenizer), max_requests=17, lifetime_s=600)
     output = tmp_path / "stock-1.jsonl"
     command = sweep.bench_command(server.base_url, 1, sharegpt, output, "stock-1")
     subprocess.run(command, check=True, capture_output=True)

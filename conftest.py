@@ -4,30 +4,29 @@ Without a CUDA device the tests run our Triton kernels and SGLang's through Trit
 ``select_device()`` sets ``TRITON_INTERPRET=1`` here, before any test module imports a kernel. Tests
 marked ``gpu`` are skipped with a reason on such a machine.
 
-Test modules that need SGLang installed (importing ``sglang`` imports its dependencies) start with
-``pytest.importorskip("sglang.srt.plugins", reason=...)``. On a CUDA machine without SGLang's
-dependencies the GPU runner has only SGLang's files on the path (from the wheel, for the reference
-kernels); there an import of ``sglang`` would fail and leave half of it in
+Test modules that need SGLang's runtime start with ``require_sglang()``
+(``sglang_dsa_mtp.test.sglang_import``): skipped with a reason where the ``sglang`` distribution is
+not installed, an error where it is installed and does not import. On a CUDA machine without
+SGLang's dependencies the GPU runner has only SGLang's files on the path (from the wheel, for the
+reference kernels); there an import of ``sglang`` would fail and leave half of it in
 ``sys.modules``, so that the next import fails with a KeyError instead of an ImportError. So when the
-``sglang`` distribution is not installed, ``sglang.srt.plugins`` is pinned to None: every import of it
-raises ModuleNotFoundError at once, which ``importorskip`` reports as a skip.
+distribution is not installed, ``sglang.srt.plugins`` is also pinned to None: any import of it
+raises ModuleNotFoundError at once.
 """
 
 import pkgutil
 import sys
-from importlib import metadata
 
 import pytest
 
 from sglang_dsa_mtp.devices import select_device
+from sglang_dsa_mtp.test.sglang_import import sglang_version
 
 DEVICE = select_device()
 GPU_SKIP_REASON = "needs a CUDA GPU (run test/run_gpu.sh on a CUDA machine)"
 
-try:
-    SGLANG_VERSION = metadata.version("sglang")
-except metadata.PackageNotFoundError:
-    SGLANG_VERSION = None
+SGLANG_VERSION = sglang_version()
+if SGLANG_VERSION is None:
     sys.modules["sglang.srt.plugins"] = None
 
 

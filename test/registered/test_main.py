@@ -9,7 +9,9 @@ import warnings
 
 import pytest
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 from sglang_dsa_mtp import selfcheck
 from sglang_dsa_mtp.__main__ import (

@@ -4,7 +4,9 @@ import logging
 
 import pytest
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 from sglang_dsa_mtp.switches import ACCEPTED, BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE
 

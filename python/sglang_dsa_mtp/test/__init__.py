@@ -21,5 +21,6 @@ this package. What is here:
 - ``timing``: CUDA-graph and host timing, and the floors printed beside every figure;
 - ``scripts``: loading a benchmark or e2e script as a module, its options and their help;
 - ``bench_cli``: the benchmark scripts' shared options and output;
-- ``check``: what one self-check returns.
+- ``check``: what one self-check returns;
+- ``sglang_import``: ``require_sglang()``, which test modules that need SGLang start with.
 """

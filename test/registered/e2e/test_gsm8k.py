@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 from sglang_dsa_mtp.e2e import gsm8k  # noqa: E402
 from sglang_dsa_mtp.e2e.protocol import Instance  # noqa: E402

@@ -4,7 +4,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 from sglang_dsa_mtp.e2e.protocol import (  # noqa: E402
     INSTANCE_ORDER,

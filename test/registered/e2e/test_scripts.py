@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 from sglang_dsa_mtp.test.scripts import has_default, load_script, options_help
 

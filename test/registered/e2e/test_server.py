@@ -7,7 +7,9 @@ import sys
 import pytest
 import standin_server
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 import requests  # noqa: E402
 

@@ -14,7 +14,9 @@ import logging
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
 from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend

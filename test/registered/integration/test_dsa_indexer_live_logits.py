@@ -15,7 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 import sglang.kernels.ops.attention.dsa.paged_mqa_logits as paged_mqa_logits
 import sglang.srt.layers.attention.dsa.utils as dsa_utils

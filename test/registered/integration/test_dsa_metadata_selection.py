@@ -8,7 +8,9 @@ are selected, each attribute holds ours with SGLang's kernel behind it as the fa
 
 import pytest
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
 from sglang.kernels.ops.attention.dsa import metadata as sglang_metadata

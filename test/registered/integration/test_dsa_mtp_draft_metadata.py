@@ -11,7 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 import sglang.srt.layers.attention.dsa_backend as dsa_backend
 from sglang.srt.layers.attention.dsa_backend import (
@@ -107,7 +109,7 @@ def replay_batch(lengths, req_indices):
 
 
 def expected_buffers(multi, batch, page_size):
-    """What the bounded decode kernel writes into one step's (identically poisoned) buffers."""
+    """What SGLang's own decode kernel writes into one step's (identically poisoned) buffers."""
     case = make_case(
         "decode",
         batch.seq_lens.tolist(),
@@ -127,7 +129,7 @@ def expected_buffers(multi, batch, page_size):
         "dsa_cu_seqlens_k": torch.full_like(m.dsa_cu_seqlens_k, POISON),
         "real_page_table": torch.full_like(m.real_page_table, POISON) if page_size > 1 else None,
     }
-    return case.run("bounded", out)
+    return case.run("sglang", out)
 
 
 def step_buffers(m, page_size):
@@ -154,7 +156,7 @@ def test_the_seed_flag_is_kept_on_the_multi_step_backend(hooked, seeded):
 
 @pytest.mark.parametrize("steps", [1, 2, 3, 4])
 @pytest.mark.parametrize("page_size", [1, 64])
-def test_one_launch_writes_what_the_bounded_decode_kernel_writes_into_every_step(
+def test_one_launch_writes_what_sglangs_decode_kernel_writes_into_every_step(
     hooked, steps, page_size
 ):
     multi = build_multi(hooked, steps=steps, seeded=True, page_size=page_size)

@@ -13,7 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 import sglang.kernels.ops.speculative.cache_locs as cache_locs
 import sglang.kernels.ops.speculative.spec_tree as spec_tree

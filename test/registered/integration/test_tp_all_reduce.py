@@ -10,7 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 import torch
 

@@ -15,7 +15,9 @@ from unittest import mock
 
 import pytest
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 import torch
 from sglang.kernels.ops.speculative.topk1 import draft_topk1_postprocess

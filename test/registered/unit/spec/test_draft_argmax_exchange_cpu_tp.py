@@ -15,7 +15,9 @@ side (NCCL and symmetric-memory all-reduce, CUDA graphs) is
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+from sglang_dsa_mtp.test.sglang_import import require_sglang
+
+require_sglang()
 
 from sglang_dsa_mtp.test.cpu_tp import exchange_on_off_worker
 from sglang_dsa_mtp.test.process_group import read_reports, run_group

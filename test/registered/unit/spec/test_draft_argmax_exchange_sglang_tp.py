@@ -33,6 +33,7 @@ from sglang_dsa_mtp.test.sglang_gpu_tp import (
     GPU_SIZES,
     exchange_routes_worker,
 )
+from sglang_dsa_mtp.test.sglang_import import require_sglang
 
 # Where the exchange must engage: on a route that is not NCCL inside the capture.
 ENGAGES = {
@@ -121,7 +122,7 @@ def test_one_gpu_builds_sglangs_group_and_replays_the_gathered_pick_in_cuda_grap
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU (gloo) harness; this machine has CUDA")
 def test_exchange_route_checks_hold_eagerly_in_a_cpu_tp_group(tmp_path):
-    pytest.importorskip("sglang.srt.plugins", reason="needs SGLang with its dependencies installed")
+    require_sglang()
     run_group(exchange_routes_worker, 2, str(tmp_path), CPU_ROUTE, timeout_s=600)
     reports = read_reports(str(tmp_path), 2)
     check_reports(reports, 2, CPU_ROUTE, CPU_SIZES)

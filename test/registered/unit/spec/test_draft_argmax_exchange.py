@@ -462,14 +462,6 @@ def test_sglang_logit_probes_keep_the_gather(probe, draft_worker, caplog):
     assert any(probe in line for line in log_lines(caplog))
 
 
-def test_the_capture_hook_is_registered_before_sglang_captures_the_draft_graphs(hooked):
-    from sglang_dsa_mtp import plugin
-
-    [row] = [r for r in plugin.HOOKS if r.hook.endswith(":opt_in_draft_model")]
-    assert row.target.endswith("EagleDraftWorker._capture_cuda_graphs")
-    assert row.hook_type.name == "BEFORE"
-
-
 # --- the draft-extend pick after the replay --------------------------------------------------------
 
 
@@ -665,20 +657,36 @@ def test_the_opt_in_compiles_every_kernel_variant_for_the_captured_batch_sizes(
     assert "all_reduce" not in head.group.calls, "the warm-up runs no collective"
 
 
-def test_sglangs_capture_entry_opts_in_and_warms_up_before_it_captures(draft_worker, hooked):
-    """SGLang's own ``EagleDraftWorker._capture_cuda_graphs``, which its HookRegistry patched with
-    the plugin's BEFORE hook; SGLang's capture itself returns at once, as it does on a CPU."""
+def test_sglangs_draft_capture_runs_after_the_opt_in_and_its_warm_up(draft_worker, hooked):
+    """SGLang's own ``EagleDraftWorker._capture_cuda_graphs`` (as its HookRegistry patched it), on
+    a CUDA-like worker: the draft-decode graph runner it builds captures the graphs in its
+    constructor, so the runner records what had happened when SGLang built it: the processor
+    engaged and the kernels compiled for the captured batch sizes."""
+    from sglang.srt.model_executor.cuda_graph_config import default_cuda_graph_config
+    from sglang.srt.runtime_context import get_exec
     from sglang.srt.speculative import eagle_worker_v2
 
     calls = record_warm_ups(hooked)
     worker, head, _ = draft_worker()
-    hooked.setattr(eagle_worker_v2, "_is_cpu", True)
-    worker._capture_cuda_graphs()
-    assert engaged(head.processor)
-    assert [call["rows"] for call in calls] == [CAPTURE_BS]
-    assert (
-        worker.cuda_graph_runner is None
-    ), "SGLang's capture ran after the hook, capturing nothing"
+    captures = []
+
+    class DraftDecodeCapture:
+        def __init__(self, eagle_worker):
+            assert eagle_worker is worker
+            captures.append((engaged(head.processor), [call["rows"] for call in calls]))
+
+    hooked.setattr(eagle_worker_v2, "_is_cpu", False)
+    hooked.setattr(eagle_worker_v2, "EAGLEDraftCudaGraphRunner", DraftDecodeCapture)
+    hooked.setattr(eagle_worker_v2, "get_available_gpu_memory", lambda device, gpu_id: 0.0)
+    hooked.setattr(eagle_worker_v2, "get_batch_sizes_to_capture", lambda runner: (CAPTURE_BS, None))
+    worker.target_worker.device = "cuda"
+    worker.device, worker.gpu_id = "cuda", 0
+    worker._specialized_graph_memory_usage, worker._specialized_graph_time_usage = {}, {}
+    worker.draft_extend_attn_backend = None
+    with get_exec().graph.override(cuda_graph_config=default_cuda_graph_config()):
+        worker._capture_cuda_graphs()
+    assert captures == [(True, [CAPTURE_BS])], "captured after the opt-in and its warm-up"
+    assert isinstance(worker.cuda_graph_runner, DraftDecodeCapture)
 
 
 def test_a_processor_opted_in_directly_warms_up_for_one_row_and_its_max_rows(hooked, draft_head):

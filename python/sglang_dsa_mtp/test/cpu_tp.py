@@ -370,7 +370,7 @@ def exchange_on_off_worker(
 
     Column 700 (rank 1's shard) repeats column 5's weight and row 0 of every batch points at it:
     a cross-rank tie that the lower column must win. Last, rank 1's opt-in check raises: both ranks
-    still agree, on keeping the gather.
+    still agree, on keeping the gather (each rank's reason in the report).
     """
     start = time.monotonic()
     report = {"rank": rank, "world": world, "checked": 0, "failures": [], "all_reduce": []}
@@ -485,7 +485,9 @@ def exchange_on_off_worker(
                     raise RuntimeError("rank 1 cannot tell")
 
                 site._local_blocker = broken
-            report["engaged_when_rank_1_fails"] = processor.enable_draft_argmax_exchange(lm_head)
+            decision = site.opt_in(processor, lm_head)
+            report["reason_when_rank_1_fails"] = decision.reason
+            report["engaged_when_rank_1_fails"] = site.exchange_state(processor) is not None
     finally:
         report["seconds"] = round(time.monotonic() - start, 2)
         Path(result_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=1))

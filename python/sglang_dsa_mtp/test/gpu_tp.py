@@ -80,7 +80,27 @@ def all_gather_last_dim(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class ArmUnavailable(Exception):
-    """The communication arm cannot be set up on this machine (a skip, not a failure)."""
+    """The communication arm does not exist on this machine (a skip, not a failure): see
+    :func:`symm_mem_unavailable`."""
+
+
+def symm_mem_unavailable(device: torch.device, world: int) -> Optional[str]:
+    """Why torch symmetric memory's one-shot all-reduce cannot exist here, or None.
+
+    Two conditions only: this torch has no ``torch.ops.symm_mem.one_shot_all_reduce`` (a build
+    without symmetric memory), or this rank's GPU cannot map a peer's memory
+    (``torch.cuda.can_device_access_peer`` is False: no NVLink or PCIe P2P between them; rank r
+    runs on GPU r). Anything else that goes wrong setting it up is a failure, not this."""
+    if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce"):
+        return f"torch {torch.__version__} has no torch.ops.symm_mem.one_shot_all_reduce"
+    blocked = [
+        peer
+        for peer in range(world)
+        if peer != device.index and not torch.cuda.can_device_access_peer(device, peer)
+    ]
+    if blocked:
+        return f"GPU {device.index} cannot access the memory of GPU {blocked} (no P2P)"
+    return None
 
 
 def make_all_reduce(comm: str, numel: int, device: torch.device):
@@ -90,8 +110,9 @@ def make_all_reduce(comm: str, numel: int, device: torch.device):
 
     ``"nccl"``: ``torch.distributed.all_reduce`` in place (returns ``buf``). ``"symm_mem"``: the
     flat buffer is torch symmetric memory and the op is ``torch.ops.symm_mem.one_shot_all_reduce``
-    (P2P loads, no multicast; returns a new tensor). Raises :class:`ArmUnavailable` when the
-    symmetric-memory set-up fails.
+    (P2P loads, no multicast; returns a new tensor). Raises :class:`ArmUnavailable` only where
+    :func:`symm_mem_unavailable` says why the op cannot exist here; any other set-up error
+    propagates.
     """
     import torch.distributed as dist
 
@@ -113,23 +134,21 @@ def make_all_reduce(comm: str, numel: int, device: torch.device):
         return views(torch.zeros(numel, dtype=torch.float32, device=device)), nccl_all_reduce
     if comm != "symm_mem":
         raise ValueError(f"comm must be 'nccl' or 'symm_mem', got {comm!r}")
-    group_name = dist.group.WORLD.group_name
-    try:
-        import torch.distributed._symmetric_memory as symm_mem
+    unavailable = symm_mem_unavailable(device, dist.get_world_size())
+    if unavailable is not None:
+        raise ArmUnavailable(f"torch symmetric memory one-shot all-reduce: {unavailable}")
+    import torch.distributed._symmetric_memory as symm_mem
 
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            try:
-                symm_mem.enable_symm_mem_for_group(group_name)
-            except Exception:
-                pass  # deprecated or not needed in this torch
-        flat = symm_mem.empty(numel, dtype=torch.float32, device=device)
-        symm_mem.rendezvous(flat, group_name)
-        op = torch.ops.symm_mem.one_shot_all_reduce
-        flat.zero_()
-        op(flat, "sum", group_name)
-        torch.cuda.synchronize()
-    except Exception as exc:  # not available on this torch or machine
-        raise ArmUnavailable(f"torch symmetric memory one-shot all-reduce: {exc!r}") from exc
+    group_name = dist.group.WORLD.group_name
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None and not hasattr(enable, "__deprecated__"):
+        enable(group_name)  # needed by a torch that has not deprecated it yet
+    flat = symm_mem.empty(numel, dtype=torch.float32, device=device)
+    symm_mem.rendezvous(flat, group_name)
+    op = torch.ops.symm_mem.one_shot_all_reduce
+    flat.zero_()
+    op(flat, "sum", group_name)
+    torch.cuda.synchronize()
 
     def symm_all_reduce(buf):
         return op(buf, "sum", group_name)

@@ -8,10 +8,12 @@ and the parallel context names an :class:`EmulatedPeerGroup` as the TP group. Th
 its shard of a full weight through its ``weight_loader``; the draft model's processor is SGLang's
 ``LogitsProcessor``.
 
-The group plays rank 0 from the full weight: its ``all_gather`` puts rank 0's shard logits before
-ours (SGLang's gather) and its ``all_reduce`` adds rank 0's exchange buffer (the plugin's exchange),
-so both paths see a whole vocabulary and can be compared with the gathered reference. SGLang is
-imported inside the fixtures.
+The group plays rank 0 with SGLang's own code: a ``ParallelLMHead`` built as rank 0 loads its shard
+of the full weight, and the processor's ``_compute_lm_head`` (then its ``logit_scale``) gives rank
+0's shard logits. Its ``all_gather`` puts them before ours (SGLang's gather) and its ``all_reduce``
+adds rank 0's exchange buffer of them (the plugin's exchange), so both paths see a whole vocabulary.
+The reference they are compared with, ``DraftHead.gathered_logits``, is computed apart from both,
+from the full weight (``cpu_tp.reference_logits``). SGLang is imported inside the fixtures.
 """
 
 import contextlib
@@ -24,15 +26,16 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_partials
 from sglang_dsa_mtp.test import deployment
-from sglang_dsa_mtp.test.cpu_tp import reference_logits, shard_logits
+from sglang_dsa_mtp.test.cpu_tp import reference_logits
 
 HIDDEN = 64
 
 
 class EmulatedPeerGroup:
-    """SGLang's TP group as rank ``rank`` sees it, with the other ranks computed from the full weight.
+    """SGLang's TP group as rank ``rank`` sees it, the other ranks computed by SGLang's LM-head path.
 
-    ``hidden`` is set by the test before each forward; peers' shards are rows of ``full_weight``.
+    ``hidden`` is set by the test before each forward; ``processor`` (the draft model's) and
+    ``peer_heads`` (each other rank's ``ParallelLMHead``, its shard loaded) are set by the fixture.
     No communicator is configured, like a group without custom all-reduce or pynccl.
     """
 
@@ -42,15 +45,20 @@ class EmulatedPeerGroup:
         self.vocab_size = full_weight.shape[0]
         self.hidden = torch.zeros(1, full_weight.shape[1])
         self.logit_scale: Optional[float] = None
+        self.processor = None
+        self.peer_heads: dict = {}
         self.cpu_group = None
         self.ca_comm = self.pynccl_comm = self.pymscclpp_comm = None
         self.qr_comm = self.torch_symm_mem_comm = self.pcie_ipc_comm = None
         self.calls: list[str] = []
 
     def shard_logits(self, rank: int) -> torch.Tensor:
-        return shard_logits(
-            self.hidden, self.full_weight, rank, self.shard_width, logit_scale=self.logit_scale
-        )
+        """Rank ``rank``'s shard logits of ``hidden`` as SGLang's ``_get_logits`` computes them
+        before its gather: the processor's ``_compute_lm_head``, then its ``logit_scale``."""
+        logits = self.processor._compute_lm_head(self.hidden, self.peer_heads[rank], None)
+        if self.processor.logit_scale is not None:
+            logits.mul_(self.processor.logit_scale)
+        return logits
 
     def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Peers' shards of ``hidden``; zeros for a gather of other rows (the opt-in's prebuild)."""
@@ -119,7 +127,8 @@ class DraftHead:
         return self.processor.forward(input_ids, hidden, self.lm_head, metadata)
 
     def gathered_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """SGLang's gathered fp32 logits for ``hidden``, every rank's shard concatenated and sliced."""
+        """The reference for SGLang's gathered fp32 logits of ``hidden``: every rank's shard of the
+        full weight multiplied out by ``cpu_tp.reference_logits``, concatenated and sliced."""
         group = self.group
         return reference_logits(
             hidden,
@@ -142,6 +151,7 @@ def draft_head():
     ``enable_dp_lm_head``, ``attn_dp_size``, ``enable_tp_lm_head_all_to_all``, ``added_vocab``.
     """
     from sglang.srt.layers.logits_processor import LogitsProcessor
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
     from sglang.srt.runtime_context import get_context, get_parallel
     from transformers import PretrainedConfig
 
@@ -204,6 +214,14 @@ def draft_head():
             target_head.num_embeddings_per_partition,
         )
         group.logit_scale = logit_scale
+        for peer in range(tp_size):
+            if peer == group.rank_in_group:
+                continue
+            peer_group = SimpleNamespace(world_size=tp_size, rank_in_group=peer)
+            with get_parallel().override(tp_rank=peer, tp_group=peer_group):
+                head = ParallelLMHead(vocab_size, HIDDEN, params_dtype=dtype)
+            head.weight.weight_loader(head.weight, full_weight)
+            group.peer_heads[peer] = head
         attn_group = group if attn_dp_size == 1 else attn_placeholder
         stack.enter_context(get_parallel().override(tp_group=group, attn_tp_group=attn_group))
         config = PretrainedConfig(
@@ -214,6 +232,7 @@ def draft_head():
         processor = LogitsProcessor(
             config, skip_all_gather=skip_all_gather, logit_scale=logit_scale
         )
+        group.processor = processor
         target, draft, worker = deployment.share_target_head(
             checkpoint,
             target_head,

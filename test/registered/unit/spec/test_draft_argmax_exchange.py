@@ -464,65 +464,141 @@ def test_sglang_logit_probes_keep_the_gather(probe, draft_worker, caplog):
     assert any(probe in line for line in log_lines(caplog))
 
 
-def test_the_capture_hook_is_registered_before_sglang_captures_the_draft_graphs(hooked):
-    from sglang_dsa_mtp import plugin
-
-    [row] = [r for r in plugin.HOOKS if r.hook.endswith(":opt_in_draft_model")]
-    assert row.target.endswith("EagleDraftWorker._capture_cuda_graphs")
-    assert row.hook_type.name == "BEFORE"
-
-
 # --- the draft-extend pick after the replay --------------------------------------------------------
 
 
-def sglang_draft_extend_tail(runner_execute, batch_result, forward_batch, select_index):
-    """The CUDA topk=1 tail of SGLang 0.5.23's ``_draft_extend_for_decode`` after a graph replay:
-    ``execute`` (which rebuilds the output), ``torch.argmax`` of its logits, ones, stored into the
-    next draft input."""
-    output = runner_execute(forward_batch, select_index)
-    topk_index = torch.argmax(output.next_token_logits, dim=-1, keepdim=True)
-    topk_p = torch.ones_like(topk_index, dtype=torch.float32)
-    batch_result.next_draft_input.topk_p = topk_p
-    batch_result.next_draft_input.topk_index = topk_index
-    batch_result.next_draft_input.hidden_states = output.hidden_states
+WIDTH = 4  # the draft-extend runner's captured tokens per request (speculative_num_draft_tokens)
 
 
-def test_draft_extend_replay_picks_from_partials_for_an_engaged_worker(draft_worker):
+def draft_extend_runner(worker, head, capture_bs):
+    """SGLang's ``EAGLEDraftExtendCudaGraphRunner`` for ``worker``, built without a model runner:
+    its input buffers as its constructor lays them out (at ``capture_bs``, ``WIDTH`` tokens a
+    request), no attention metadata to prepare; its graph replay is the draft model's forward at
+    the captured batch size: the processor's forward on the buffers' hidden states at the buffers'
+    ``select_index``, those rows' hidden states passed through (the draft layers are left out)."""
+    from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
+        EAGLEDraftExtendCudaGraphRunner,
+        EagleDraftExtendInputBuffers,
+    )
+
+    runner = object.__new__(EAGLEDraftExtendCudaGraphRunner)
+    max_bs = max(capture_bs)
+    tokens = max_bs * WIDTH
+
+    def full(size, value, dtype=torch.int64):
+        return torch.full((size,), value, dtype=dtype)
+
+    runner.buffers = EagleDraftExtendInputBuffers(
+        input_ids=full(tokens, 0),
+        req_pool_indices=full(max_bs, 0),
+        mamba_track_indices=None,
+        out_cache_loc=full(tokens, 1),
+        positions=full(tokens, 0),
+        mrope_positions=torch.zeros(3, tokens, dtype=torch.int64),
+        hidden_states=torch.zeros(tokens, 64, dtype=torch.bfloat16),
+        seq_lens=full(max_bs, 1),
+        seq_lens_cpu=full(max_bs, 1),
+        extend_seq_lens=full(max_bs, WIDTH, torch.int32),
+        num_correct_drafts=full(max_bs, WIDTH, torch.int32),
+        num_accept_tokens=full(max_bs, WIDTH, torch.int32),
+        select_index=torch.arange(max_bs) * WIDTH + WIDTH - 1,
+        next_token_logits_buffer=None,
+        global_num_tokens_gpu=None,
+        global_num_tokens_for_logprob_gpu=None,
+    )
+    runner.eagle_worker, runner.model_runner = worker, SimpleNamespace(
+        model_config=SimpleNamespace(model_is_mrope=False), device_timer=None
+    )
+    runner.forward_mode = ForwardMode.DRAFT_EXTEND_V2
+    runner.capture_bs, runner.max_bs, runner.captured_req_width = capture_bs, max_bs, WIDTH
+    runner.seq_len_fill_value, runner.extend_seq_lens_cpu = 1, [WIDTH] * max_bs
+    runner.require_mlp_tp_gather = runner.require_gathered_buffer = False
+    runner.require_mlp_sync = runner.disable_padding = False
+    runner.deepep_adapter = SimpleNamespace(replay=lambda: None)
+    runner.draft_extend_attn_backend = SimpleNamespace(
+        init_forward_metadata_out_graph=lambda forward_batch: None,
+        shared_read_ends=lambda mode: SharedReadEnds.UNKNOWN,
+    )
+
+    def replay_graph(shape_key, forward_batch):
+        bs = shape_key.size
+        tokens, select = (
+            runner.buffers.hidden_states[: bs * WIDTH],
+            runner.buffers.select_index[:bs],
+        )
+        output = head.forward(tokens, "draft_extend_v2", select)
+        output.hidden_states = tokens[select]  # the last hidden states (CaptureHiddenMode.LAST)
+        return output
+
+    runner._replay_graph = replay_graph
+    return runner
+
+
+def test_sglangs_draft_extend_for_decode_takes_the_pick_from_the_replays_partials(
+    draft_worker, hooked
+):
+    """SGLang's own ``EagleDraftWorker._draft_extend_for_decode`` and
+    ``EAGLEDraftExtendCudaGraphRunner.execute`` (with the plugin's hooks), 3 requests padded to the
+    captured batch size 4; SGLang's batch preparation returns the draft-extend batch."""
+    from contextlib import nullcontext
+
+    from sglang.srt.speculative import eagle_worker_v2
+
     worker, head, _ = draft_worker()
     assert run_capture_hook(worker)
-    states = hidden(rows=8)
-    select_index = torch.tensor([1, 3, 5, 7])
-    captured = head.forward(states, "draft_extend_v2", select_index)  # what the graph returns
-    raw_bs = 3
-
-    def sglang_execute(runner, forward_batch, select_index):
-        return LogitsProcessorOutput(
-            next_token_logits=captured.next_token_logits[:raw_bs],
-            hidden_states=captured.hidden_states,
-        )
-
-    runner = SimpleNamespace()
-
-    def execute(forward_batch, select_index):
-        return worker_site.draft_extend_replay_pick(
-            sglang_execute, runner, forward_batch, select_index
-        )
-
-    batch_result = SimpleNamespace(next_draft_input=SimpleNamespace())
-
-    def original(worker, batch, batch_result):
-        sglang_draft_extend_tail(execute, batch_result, None, select_index)
-
-    worker_site.draft_extend_for_decode(original, worker, None, batch_result)
-
-    expected = torch.argmax(
-        head.gathered_logits(states[select_index][:raw_bs]), dim=-1, keepdim=True
+    raw_bs, accept_lens = 3, torch.tensor([2, 4, 1])
+    states = hidden(rows=raw_bs * WIDTH, seed=3)
+    select_index = torch.arange(raw_bs) * WIDTH + accept_lens - 1
+    forward_batch = SimpleNamespace(
+        batch_size=raw_bs,
+        input_ids=torch.zeros(raw_bs * WIDTH, dtype=torch.int64),
+        seq_lens=torch.full((raw_bs,), 9),
+        seq_lens_cpu=None,
+        seq_lens_sum=None,
+        out_cache_loc=torch.arange(raw_bs * WIDTH),
+        out_cache_loc_virtual=None,
+        positions=torch.arange(raw_bs * WIDTH),
+        req_pool_indices=torch.arange(1, raw_bs + 1),
+        extend_seq_lens=None,
+        extend_seq_lens_cpu=None,
+        mamba_track_indices=None,
+        kv_loc_plan=None,
+        kv_loc_cols=None,
+        spec_info=SimpleNamespace(
+            num_tokens_per_req=WIDTH,
+            num_correct_drafts=accept_lens.int() - 1,
+            num_accept_tokens=accept_lens.int(),
+            hidden_states=states,
+        ),
     )
-    assert torch.equal(batch_result.next_draft_input.topk_index, expected)
-    assert batch_result.next_draft_input.topk_index.device.type == "cpu"
-    assert torch.equal(
-        batch_result.next_draft_input.topk_p, torch.ones(raw_bs, 1, dtype=torch.float32)
+    prepared = []
+
+    def prepare_for_draft_extend(draft_extend_input, batch, *args, **kwargs):
+        prepared.append(draft_extend_input)
+        return forward_batch
+
+    hooked.setattr(eagle_worker_v2, "prepare_for_draft_extend", prepare_for_draft_extend)
+    worker.speculative_num_draft_tokens, worker.device = WIDTH, "cpu"
+    worker.plan_stream, worker.plan_stream_ctx = None, nullcontext()
+    worker.draft_runner.canary_manager = None
+    worker.seed_dsa_topk_from_draft_extend = False
+    worker.cuda_graph_runner_for_draft_extend = draft_extend_runner(worker, head, CAPTURE_BS)
+    batch_result = SimpleNamespace(
+        prepared_draft_extend_inputs=(accept_lens - 1, select_index, torch.zeros(raw_bs)),
+        logits_output=SimpleNamespace(hidden_states=states),
+        accept_lens=accept_lens,
+        next_draft_input=SimpleNamespace(),
     )
+    worker._draft_extend_for_decode(SimpleNamespace(), batch_result)
+
+    assert len(prepared) == 1
+    expected = torch.argmax(head.gathered_logits(states[select_index]), dim=-1, keepdim=True)
+    next_draft_input = batch_result.next_draft_input
+    assert torch.equal(next_draft_input.topk_index, expected)
+    assert torch.equal(next_draft_input.topk_p, torch.ones(raw_bs, 1))
+    assert torch.equal(next_draft_input.hidden_states, states[select_index])
 
 
 def test_a_draft_extend_without_partials_keeps_sglangs_pick(draft_worker):
@@ -667,20 +743,36 @@ def test_the_opt_in_compiles_every_kernel_variant_for_the_captured_batch_sizes(
     assert "all_reduce" not in head.group.calls, "the warm-up runs no collective"
 
 
-def test_sglangs_capture_entry_opts_in_and_warms_up_before_it_captures(draft_worker, hooked):
-    """SGLang's own ``EagleDraftWorker._capture_cuda_graphs``, which its HookRegistry patched with
-    the plugin's BEFORE hook; SGLang's capture itself returns at once, as it does on a CPU."""
+def test_sglangs_draft_capture_runs_after_the_opt_in_and_its_warm_up(draft_worker, hooked):
+    """SGLang's own ``EagleDraftWorker._capture_cuda_graphs`` (as its HookRegistry patched it), on
+    a CUDA-like worker: the draft-decode graph runner it builds captures the graphs in its
+    constructor, so the runner records what had happened when SGLang built it: the processor
+    engaged and the kernels compiled for the captured batch sizes."""
+    from sglang.srt.model_executor.cuda_graph_config import default_cuda_graph_config
+    from sglang.srt.runtime_context import get_exec
     from sglang.srt.speculative import eagle_worker_v2
 
     calls = record_warm_ups(hooked)
     worker, head, _ = draft_worker()
-    hooked.setattr(eagle_worker_v2, "_is_cpu", True)
-    worker._capture_cuda_graphs()
-    assert engaged(head.processor)
-    assert [call["rows"] for call in calls] == [CAPTURE_BS]
-    assert (
-        worker.cuda_graph_runner is None
-    ), "SGLang's capture ran after the hook, capturing nothing"
+    captures = []
+
+    class DraftDecodeCapture:
+        def __init__(self, eagle_worker):
+            assert eagle_worker is worker
+            captures.append((engaged(head.processor), [call["rows"] for call in calls]))
+
+    hooked.setattr(eagle_worker_v2, "_is_cpu", False)
+    hooked.setattr(eagle_worker_v2, "EAGLEDraftCudaGraphRunner", DraftDecodeCapture)
+    hooked.setattr(eagle_worker_v2, "get_available_gpu_memory", lambda device, gpu_id: 0.0)
+    hooked.setattr(eagle_worker_v2, "get_batch_sizes_to_capture", lambda runner: (CAPTURE_BS, None))
+    worker.target_worker.device = "cuda"
+    worker.device, worker.gpu_id = "cuda", 0
+    worker._specialized_graph_memory_usage, worker._specialized_graph_time_usage = {}, {}
+    worker.draft_extend_attn_backend = None
+    with get_exec().graph.override(cuda_graph_config=default_cuda_graph_config()):
+        worker._capture_cuda_graphs()
+    assert captures == [(True, [CAPTURE_BS])], "captured after the opt-in and its warm-up"
+    assert isinstance(worker.cuda_graph_runner, DraftDecodeCapture)
 
 
 def test_a_processor_opted_in_directly_warms_up_for_one_row_and_its_max_rows(hooked, draft_head):

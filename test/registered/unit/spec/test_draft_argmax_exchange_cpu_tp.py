@@ -23,6 +23,15 @@ from sglang_dsa_mtp.test.cpu_tp import exchange_on_off_worker
 from sglang_dsa_mtp.test.process_group import read_reports, run_group
 
 WORLD = 2
+OTHER_RANK = "another TP rank keeps the gather (its reason is in its log)"
+# What each rank agrees on when only rank 1 objects ("only rank 1 objects"): its own reason there,
+# on the other rank the word that another rank keeps the gather.
+AGREED = {0: OTHER_RANK, 1: "only rank 1 objects"}
+# Each rank's opt-in decision when rank 1's opt-in check raises.
+REASON_WHEN_RANK_1_FAILS = {
+    0: OTHER_RANK,
+    1: "the opt-in check raised RuntimeError: rank 1 cannot tell",
+}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU (gloo) harness; this machine has CUDA")
@@ -41,7 +50,8 @@ def test_logits_processor_exchange_on_and_off_pick_the_same_tokens_in_a_cpu_tp_g
         ), where
         assert report["shard_width"] == 512, where  # vocab 1001 padded to 1024, two shards
         assert report["route"] == "CPU shared memory or torch.distributed", where
-        assert report["agreed"] is not None, f"{where}: rank 1's objection reached every rank"
+        assert report["agreed"] == AGREED[report["rank"]], f"{where}: rank 1's objection"
+        assert report["reason_when_rank_1_fails"] == REASON_WHEN_RANK_1_FAILS[report["rank"]], where
         assert report["engaged_when_rank_1_fails"] is False, where
         assert report["quantized"] == dict(
             checkpoint="modelopt_fp4",

@@ -20,7 +20,9 @@ shards; the padded columns hold +inf / NaN / 1e30 and the rows carry the hard pa
   5 and 16 and replayed with new hidden states, each replay checked the same way.
 
 Two all-reduces: NCCL through ``torch.distributed.all_reduce``, and torch symmetric memory's
-one-shot all-reduce (P2P, no multicast), skipped with its reason where torch cannot set it up.
+one-shot all-reduce (P2P, no multicast). The symmetric-memory arm is skipped, with the reason, only
+where it cannot exist (``gpu_tp.symm_mem_unavailable``: a torch without the op, or GPUs without P2P
+access to each other); any other error setting it up fails the test.
 Environment settings such as NCCL_NVLS_ENABLE=0 or TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are left as they
 are.
 """

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import mmap
 from collections.abc import Callable
 from typing import Optional
 
@@ -248,10 +249,60 @@ def lengths_for(bs: int, generator: torch.Generator) -> list[int]:
 
 
 def lengths_1m(bs: int, generator: torch.Generator) -> list[int]:
-    """Edge lengths of a :data:`WIDTH_1M` table first, then random lengths."""
-    edges = [0, 1, 127, 128, 129, 1024, 65536, WIDTH_1M - 6, WIDTH_1M - 5, WIDTH_1M]
+    """Edge lengths of a :data:`WIDTH_1M` table first, then random lengths.
+
+    The first edges write long rows, so that the smallest batches do too: bs 1 is one full row; bs 4
+    adds an empty row, a mid length off the 128-column grid (300_001 = 2343 blocks + 97) and a
+    multiple of the 64-token page that is not one of 128 (524_352 = 4096.5 blocks).
+    """
+    edges = [WIDTH_1M, 0, 300_001, 524_352, WIDTH_1M - 1]
+    edges += [1, 127, 128, 129, 1024, 65536, WIDTH_1M - 6, WIDTH_1M - 5]
     random = torch.randint(0, WIDTH_1M + 1, (bs,), generator=generator).tolist()
     return (edges + random)[:bs] if bs < len(edges) else edges + random[: bs - len(edges)]
+
+
+# Programs that stride over several live tiles (CPU): three requests at width 1100, whose live ends
+# are 1100, 640 and 256 columns: 9, 5 and 2 tiles of 128 columns; 4.3, 2.5 and 1 tiles of 256 (the
+# default tile), so that counting tiles with a floor division drops a partial last tile. With two
+# programs per request, a program that handled only its first tile would leave tiles unwritten.
+STRIDING_WIDTH = 1100
+STRIDING_LENGTHS = [1100, 600, 129]
+
+
+# ------------------------------------------------------------------------------------------------
+# A req_to_token pool whose rows start past 2**31 elements, at no memory cost (CPU)
+# ------------------------------------------------------------------------------------------------
+
+# Linux's MAP_NORESERVE (Python 3.11's mmap does not name it): the mapping reserves no memory.
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+_LEAD_ROWS = 4  # rows of the mapping before the pool's row 0
+
+
+def req_to_token_past_int32(
+    width: int, generator: torch.Generator
+) -> tuple[torch.Tensor, list[int]]:
+    """A CPU ``req_to_token`` pool (int32, contiguous rows of ``width``) whose last three slots start
+    past 2**31 elements, and those slots (the last one first).
+
+    The pool lies in an anonymous mapping that reserves no memory: only the pages of the rows written
+    are backed (the mapping spans 16 GiB of address space). The last slots start a few rows short of
+    2**32 elements, and the pool starts :data:`_LEAD_ROWS` rows into the mapping, so that a slot times
+    the row stride wrapped to 32 bits (an int32 overflow) lands on mapped rows nothing wrote (zeros)
+    just before the pool: a kernel that overflows reads wrong tokens instead of faulting. Slots 0 to
+    3 and the last three hold random tokens.
+    """
+    rows = (2**32 - 1) // width + 1
+    numel = (_LEAD_ROWS + rows) * width
+    mapping = mmap.mmap(-1, numel * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+    pool = torch.frombuffer(mapping, dtype=torch.int32, count=numel)[_LEAD_ROWS * width :]
+    pool = pool.view(rows, width)
+    far = [rows - 1, rows - 2, rows - 3]
+    assert all(2**31 < slot * width < 2**32 for slot in far)
+    written = [0, 1, 2, 3, *far]
+    pool[written] = torch.randint(
+        0, 1 << 30, (len(written), width), dtype=torch.int32, generator=generator
+    )
+    return pool, far
 
 
 # ------------------------------------------------------------------------------------------------

@@ -28,8 +28,6 @@ import pytest
 import torch
 import triton
 
-from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
-from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
@@ -38,10 +36,13 @@ from sglang_dsa_mtp.test.metadata_cases import (
     POISON,
     SMALL_TOPK,
     SMALL_WIDTH,
+    STRIDING_LENGTHS,
+    STRIDING_WIDTH,
     WIDTH_1M,
     lengths_1m,
     lengths_for,
     make_case,
+    req_to_token_past_int32,
     run_draft_decode_multi,
     run_stock_draft_decode,
 )
@@ -205,30 +206,59 @@ def test_page_size_1_ignores_real_page_table_like_the_decode_kernels():
     assert_each_destination_matches_decode_kernels(case, outs)
 
 
-class _GridRecorder:
-    def __init__(self, kernel):
-        self.kernel, self.grids = kernel, []
-
-    def __getitem__(self, grid):
-        self.grids.append(grid)
-        return self.kernel[grid]
-
-    def __getattr__(self, name):
-        return getattr(self.kernel, name)
+@pytest.mark.parametrize("num_dest", [1, 4])
+def test_each_destination_matches_when_programs_stride_over_more_live_tiles_than_programs(
+    num_dest, two_programs_per_request, tile_n, launch_grids
+):
+    """Each request has 2 programs and more live tiles than that (up to 9), with live ends that are
+    not a whole number of tiles: every destination gets every tile, the partial last one too."""
+    case = decode_case(
+        STRIDING_LENGTHS,
+        width=STRIDING_WIDTH,
+        topk=SMALL_TOPK,
+        generator=torch.Generator().manual_seed(tile_n + num_dest),
+    )
+    budget = two_programs_per_request
+    outs = run_draft_decode_multi(case, [case.outputs() for _ in range(num_dest)], budget=budget)
+    assert launch_grids == [(1 + 3 * 2,)]
+    assert_each_destination_matches_decode_kernels(case, outs, budget=budget)
 
 
 @pytest.mark.parametrize("num_dest", [1, 4])
-@pytest.mark.parametrize("bs,budget", [(1, None), (3, 5), (8, 1), (2, 100_000)])
 def test_grid_depends_only_on_bs_width_and_budget_never_on_live_lengths(
-    num_dest, bs, budget, monkeypatch
+    num_dest, grid_case, launch_grids
 ):
-    recorder = _GridRecorder(draft._draft_decode_metadata_kernel)
-    monkeypatch.setattr(draft._PLANS, "kernel", recorder)
-    for lengths in ([0] * bs, [SMALL_WIDTH] * bs, [1, 300, 129, 0, 128, 5, 299, 77][:bs]):
-        case = decode_case(lengths)
+    bs, width, budget, programs = grid_case
+    gen = torch.Generator().manual_seed(bs)
+    mixed = torch.randint(1, width, (bs,), generator=gen).tolist()
+    for lengths in ([0] * bs, [width] * bs, mixed):
+        case = decode_case(lengths, width=width, topk=SMALL_TOPK)
         run_draft_decode_multi(case, [case.outputs() for _ in range(num_dest)], budget=budget)
-    splits = bounded.bounded_num_splits(bs, SMALL_WIDTH, budget or bounded.default_budget(CPU))
-    assert recorder.grids == [(1 + bs * splits,)] * 3
+    assert launch_grids == [(1 + bs * programs,)] * 3
+
+
+def test_int32_request_slots_past_int32_req_to_token_offsets_match_the_decode_kernels():
+    """int32 ``req_pool_indices`` whose rows start past 2**31 elements: the one launch widens the
+    slot before multiplying by the row stride. Checked against a torch gather of the slots' rows and
+    against the decode kernels given the same slots as int64 (SGLang's own kernel does not widen).
+    """
+    gen = torch.Generator().manual_seed(31)
+    req_to_token, far = req_to_token_past_int32(SMALL_WIDTH, gen)
+    case = decode_case(
+        [SMALL_WIDTH, 129, 0, 200],
+        req_indices=[far[0], 3, far[1], far[2]],
+        req_to_token=req_to_token,
+    )
+    slots = case.req_pool_indices
+    case.req_pool_indices = slots.int()
+    outs = run_draft_decode_multi(case, [case.outputs() for _ in range(2)])
+    for row, seq in enumerate(case.seq_lens.tolist()):
+        live_end = min(SMALL_WIDTH, 128 * triton.cdiv(seq, 128))
+        gathered = req_to_token[slots[row], :live_end]
+        for i, out in enumerate(outs):
+            assert torch.equal(out["page_table_1"][row, :live_end], gathered), f"[{i}] row {row}"
+    case.req_pool_indices = slots
+    assert_each_destination_matches_decode_kernels(case, outs)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,22 +1,28 @@
 """Bounded DSA replay-metadata kernels: bit-identical to SGLang 0.5.23's own, on whole poisoned buffers.
 
-CPU tests run through Triton's interpreter at small widths (with small tiles, so that programs stride
-over several tiles); GPU tests run at SGLang's default 1M-token table and in CUDA graphs.
+CPU tests run through Triton's interpreter at small widths, with one-block tiles and the default
+tile, and with requests that have several programs each striding over several live tiles; GPU tests
+run at SGLang's default 1M-token table and in CUDA graphs.
 """
 
 import pytest
 import torch
+import triton
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.test.metadata_cases import (
+    OPS,
     POISON,
     SMALL_TOPK,
     SMALL_WIDTH,
+    STRIDING_LENGTHS,
+    STRIDING_WIDTH,
     WIDTH_1M,
     compare,
     lengths_1m,
     lengths_for,
     make_case,
+    req_to_token_past_int32,
 )
 
 CPU = torch.device("cpu")
@@ -208,6 +214,42 @@ def test_bounded_matches_sglang_kpool_kernels_at_kpool_1(op, tile_n):
     assert_identical(case, reference="sglang_kpool", budget=4)
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_bounded_programs_striding_over_more_live_tiles_than_programs_match_sglang(
+    op, two_programs_per_request, tile_n, launch_grids
+):
+    """Each request has 2 programs and more live tiles than that (up to 9), with live ends that are
+    not a whole number of tiles: every tile, the partial last one too, is written as SGLang writes it.
+    """
+    next_n = 2
+    lengths = STRIDING_LENGTHS
+    if op == "verify":  # verify's live length is seq_lens + next_n
+        lengths = [n - next_n for n in lengths]
+    case = make_case(
+        op,
+        lengths,
+        width=STRIDING_WIDTH,
+        device=CPU,
+        topk=SMALL_TOPK,
+        next_n=next_n,
+        generator=torch.Generator().manual_seed(tile_n),
+    )
+    assert_identical(case, budget=two_programs_per_request)
+    assert launch_grids == [(1 + 3 * 2,)]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bounded_launch_grid_depends_only_on_requests_width_and_budget(op, grid_case, launch_grids):
+    """The grid each wrapper launches is the same for empty, full and mixed live lengths."""
+    bs, width, budget, programs = grid_case
+    gen = torch.Generator().manual_seed(bs)
+    mixed = torch.randint(1, width, (bs,), generator=gen).tolist()
+    for lengths in ([0] * bs, [width] * bs, mixed):
+        case = make_case(op, lengths, width=width, device=CPU, topk=SMALL_TOPK, next_n=2)
+        case.run("bounded", case.outputs(), budget=budget)
+    assert launch_grids == [(1 + bs * programs,)] * 3
+
+
 @pytest.mark.parametrize(
     "requests,width,budget,expected",
     [
@@ -217,13 +259,52 @@ def test_bounded_matches_sglang_kpool_kernels_at_kpool_1(op, tile_n):
         (3, 1_048_640, 1024, 256),
         (40, 1_048_640, 8, 1),
         (4, 128, 1024, 1),
+        (1, 300, 64, 2),
+        (2, 1100, 100_000, 5),
     ],
 )
-def test_bounded_grid_depends_only_on_requests_width_and_budget(requests, width, budget, expected):
+def test_bounded_num_splits_is_the_budget_per_request_capped_by_256_and_the_width_in_tiles(
+    requests, width, budget, expected
+):
     if budget is None:
         budget = bounded.default_budget(CPU)
         expected = min(budget, 256)
     assert bounded.bounded_num_splits(requests, width, budget) == expected
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bounded_int32_request_slots_past_int32_req_to_token_offsets_match_sglang(op):
+    """int32 ``req_pool_indices`` whose rows start past 2**31 elements: the kernels widen the slot
+    before multiplying by the row stride. Checked against a torch gather of the slots' rows and
+    against SGLang's kernel given the same slots as int64 (SGLang's own kernel does not widen)."""
+    gen = torch.Generator().manual_seed(31)
+    req_to_token, far = req_to_token_past_int32(SMALL_WIDTH, gen)
+    next_n = 2
+    lengths = [SMALL_WIDTH - next_n, 129, 0, 200]
+    case = make_case(
+        op,
+        lengths,
+        req_indices=[far[0], 3, far[1], far[2]],
+        width=SMALL_WIDTH,
+        device=CPU,
+        topk=SMALL_TOPK,
+        next_n=next_n,
+        req_to_token=req_to_token,
+    )
+    expected = case.run("sglang", case.outputs())
+    slots = case.req_pool_indices
+    case.req_pool_indices = slots.int()
+    actual = case.run("bounded", case.outputs())
+    rows_per_request = 1 if op == "decode" else next_n
+    live = case.seq_lens + (next_n if op == "verify" else 0)
+    for row in range(case.rows):
+        request = row // rows_per_request
+        live_end = min(SMALL_WIDTH, 128 * triton.cdiv(int(live[request]), 128))
+        gathered = req_to_token[slots[request], :live_end]
+        assert torch.equal(actual["page_table_1"][row, :live_end], gathered), f"row {row}"
+    for name, tensor in expected.items():
+        if tensor is not None:
+            assert torch.equal(actual[name], tensor), f"{name} differs from SGLang's"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,8 +13,6 @@ import inspect
 import itertools
 from types import SimpleNamespace
 
-import pytest
-
 from sglang_dsa_mtp.test.sglang_import import require_sglang
 
 require_sglang()

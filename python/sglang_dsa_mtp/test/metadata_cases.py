@@ -292,12 +292,13 @@ def req_to_token_past_int32(
     3 and the last three hold random tokens.
     """
     rows = (2**32 - 1) // width + 1
+    far = [rows - 1, rows - 2, rows - 3]
+    if not all(2**31 < slot * width < 2**32 for slot in far):
+        raise ValueError(f"width {width}: the last three slots must start between 2**31 and 2**32")
     numel = (_LEAD_ROWS + rows) * width
     mapping = mmap.mmap(-1, numel * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
     pool = torch.frombuffer(mapping, dtype=torch.int32, count=numel)[_LEAD_ROWS * width :]
     pool = pool.view(rows, width)
-    far = [rows - 1, rows - 2, rows - 3]
-    assert all(2**31 < slot * width < 2**32 for slot in far)
     written = [0, 1, 2, 3, *far]
     pool[written] = torch.randint(
         0, 1 << 30, (len(written), width), dtype=torch.int32, generator=generator

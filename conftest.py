@@ -5,7 +5,7 @@ Without a CUDA device the tests run our Triton kernels and SGLang's through Trit
 marked ``gpu`` are skipped with a reason on such a machine.
 
 Test modules that need SGLang's runtime start with ``require_sglang()``
-(``sglang_dsa_mtp.test.sglang_import``): skipped with a reason where the ``sglang`` distribution is
+(``sglang_dsa_mtp.testing.sglang_import``): skipped with a reason where the ``sglang`` distribution is
 not installed, an error where it is installed and does not import. On a CUDA machine without
 SGLang's dependencies the GPU runner has only SGLang's files on the path (from the wheel, for the
 reference kernels); there an import of ``sglang`` would fail and leave half of it in
@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from sglang_dsa_mtp.devices import select_device
-from sglang_dsa_mtp.test.sglang_import import sglang_version
+from sglang_dsa_mtp.testing.sglang_import import sglang_version
 
 DEVICE = select_device()
 GPU_SKIP_REASON = "needs a CUDA GPU (run test/run_gpu.sh on a CUDA machine)"
@@ -48,12 +48,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def fresh_switches(monkeypatch):
     """Both kill switches unset (default on), with the once-per-process log memory empty."""
-    from sglang_dsa_mtp.integration import log
+    from sglang_dsa_mtp import log
+    from sglang_dsa_mtp.integration import dsa_indexer_live_logits
     from sglang_dsa_mtp.switches import SWITCHES
 
     for switch in SWITCHES:
         monkeypatch.delenv(switch.env, raising=False)
     monkeypatch.setattr(log, "_seen", set())
+    monkeypatch.setattr(dsa_indexer_live_logits, "_FAILED", {})
     return SWITCHES
 
 
@@ -66,7 +68,7 @@ def fresh_switches(monkeypatch):
 @pytest.fixture
 def set_platform(monkeypatch):
     """``set_platform(cuda=..., hip=...)``: what SGLang's and our hook sites see as the platform."""
-    from sglang_dsa_mtp.test.dsa_launch import set_platform
+    from sglang_dsa_mtp.testing.dsa_backends import set_platform
 
     return lambda *, cuda, hip: set_platform(monkeypatch, cuda=cuda, hip=hip)
 
@@ -79,13 +81,13 @@ def hooked(fresh_switches, monkeypatch, set_platform):
     import sglang.srt.plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_dsa_mtp import plugin
+    from sglang_dsa_mtp import hooks, plugin
 
     monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
     monkeypatch.setattr(HookRegistry, "_patched", set())
     monkeypatch.setattr(sglang.srt.plugins, "_plugins_loaded", False)
     monkeypatch.setattr(plugin, "_status", None)
-    for row in plugin.HOOKS:  # restore every hooked SGLang attribute after the test
+    for row in hooks.HOOKS:  # restore every hooked SGLang attribute after the test
         owner_path, _, attr = row.target.rpartition(".")
         owner = pkgutil.resolve_name(owner_path)
         # A method the class inherits is hooked on the class itself: undoing deletes it again.
@@ -97,7 +99,7 @@ def hooked(fresh_switches, monkeypatch, set_platform):
                 if value is original and module is not owner:
                     monkeypatch.setattr(module, name, original)
     added = []
-    for row in plugin.ATTRIBUTES:
+    for row in hooks.ATTRIBUTES:
         owner_path, _, attr = row.target.rpartition(".")
         owner = pkgutil.resolve_name(owner_path)
         if attr not in vars(owner):

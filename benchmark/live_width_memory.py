@@ -4,13 +4,13 @@ with ``SGLANG_DSA_LIVE_WIDTH`` on and off, for the spec's launches at a 1M-token
 No GPU needed (SGLang 0.5.23 installed, on the CPU): the backends are SGLang's real classes, built by
 SGLang's own constructors (the target through its attention registry, the draft-extend and
 multi-step backends through its ``DraftBackendFactory``) in a published launch
-(``sglang_dsa_mtp.test.dsa_launch``), with SGLang's plugin loader having applied this plugin's
+(``sglang_dsa_mtp.testing.dsa_backends``), with SGLang's plugin loader having applied this plugin's
 hooks. Their graph state comes from SGLang's own ``init_cuda_graph_state``, and every batch size
 SGLang captures in spec mode (``generate_decode_cuda_graph_batch_sizes``) gets its metadata from
 SGLang's own capture path, all on PyTorch's meta device: full width, real shapes, nothing allocated.
 The CUDA-only pieces (DeepGEMM's schedule, the top-k v2 plan, FlashMLA's tile metadata) are small
 stand-ins of fixed size, the same in both arms. A backend's bytes are those of the distinct tensors
-its graph state holds (``dsa_launch.graph_state_bytes``: views counted once, by their base).
+its graph state holds (``dsa_backends.graph_state_bytes``: views counted once, by their base).
 
 The per-round figure is the tree mask SGLang's EAGLE worker allocates between draft and verify when
 the target has no verify mask (SGLang's own ``tree_mask_numel`` for FULL_MASK with ``max_context_len``
@@ -42,7 +42,7 @@ def build_graph_state(server_args, context: int, max_bs: int, switch: str) -> di
     from sglang.srt.runtime_context import get_spec
 
     from sglang_dsa_mtp.switches import LIVE_WIDTH
-    from sglang_dsa_mtp.test import dsa_launch as kit
+    from sglang_dsa_mtp.testing import dsa_backends as kit
 
     os.environ[LIVE_WIDTH.env] = switch
     spec = get_spec()
@@ -103,7 +103,7 @@ def main() -> None:
     from sglang.srt.speculative.eagle_utils import TreeMaskMode
 
     from sglang_dsa_mtp.plugin import ENTRY_POINT
-    from sglang_dsa_mtp.test import dsa_launch as kit
+    from sglang_dsa_mtp.testing import dsa_backends as kit
 
     os.environ["SGLANG_PLUGINS"] = ENTRY_POINT
     sglang.srt.plugins.load_plugins()

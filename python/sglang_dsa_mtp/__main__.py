@@ -3,8 +3,11 @@
 Prints SGLang's version, whether SGLang's plugin loader picks this package up, the kill switches,
 whether each feature would engage here and why not, from how many running requests the live-width
 indexer logits engage on this GPU, and one row per kernel self-check
-(``--no-checks`` skips them). The exit status is 0 when every kill-switch value is valid and every
-self-check passes, 1 when a value is invalid or a check fails, and 2 on a bad command line.
+(``--no-checks`` skips them). The exit status is 0 when SGLang's plugin loader loads this plugin,
+every kill-switch value is valid and every self-check passes; 1 when the loader leaves the plugin
+out, a value is invalid or a check fails; 2 on a bad command line. The rows come from
+:mod:`sglang_dsa_mtp.status`, the checks from the test support (``sglang_dsa_mtp.testing``), which
+only this command imports, and only when it runs them.
 
 The tables go to stdout. This package's log records go to stderr as ``LEVEL sglang_dsa_mtp: ...``
 (each message carries its ``sglang_dsa_mtp:`` prefix, which is what names them in SGLang's server
@@ -26,8 +29,8 @@ from collections.abc import Iterator, Sequence
 import torch
 
 import sglang_dsa_mtp
-from sglang_dsa_mtp.devices import cuda_blocker, select_device
-from sglang_dsa_mtp.integration.log import logger
+from sglang_dsa_mtp.devices import select_device
+from sglang_dsa_mtp.log import logger
 
 # SGLang's warnings while it is imported on a machine without CUDA: (category, start of message).
 SGLANG_IMPORT_WARNINGS = (
@@ -90,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
             "otherwise on the CPU through Triton's interpreter, at small sizes."
         ),
         epilog=(
-            "Exit status: 0 when every kill-switch value is valid and every self-check passes; "
-            "1 when a value is invalid or a check fails; 2 on a bad command line."
+            "Exit status: 0 when SGLang's plugin loader loads the plugin, every kill-switch value "
+            "is valid and every self-check passes; 1 when the loader leaves it out, a value is "
+            "invalid or a check fails; 2 on a bad command line."
         ),
     )
     parser.add_argument(
@@ -118,64 +122,29 @@ def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _live_width_engagement(device: torch.device) -> str:
-    from sglang_dsa_mtp.integration.dsa_indexer_live_logits import engagement
-
-    if device.type != "cuda":
-        return engagement(None)
-    props = torch.cuda.get_device_properties(device)
-    return engagement(props.multi_processor_count, sm100=props.major == 10)
-
-
-def _print_status(device: torch.device, device_note: str) -> None:
+def _print_status(device: torch.device, device_note: str) -> bool:
     """The SGLang, loader and device lines, the kill switches, the features, and from how many
-    running requests the live-width indexer logits engage here."""
-    from sglang_dsa_mtp import plugin
-    from sglang_dsa_mtp.switches import SWITCHES
+    running requests the live-width indexer logits engage here; whether SGLang's loader loads us."""
+    from sglang_dsa_mtp import status
 
-    version = plugin.sglang_version()
-    if version is None:
-        version_note = "not installed"
-    elif plugin.version_tested(version):
-        version_note = f"{version} (tested)"
-    else:
-        version_note = f"{version} (NOT tested; tested: {', '.join(plugin.TESTED_SGLANG_VERSIONS)})"
-    discovered, discovery_note = plugin.discovery()
     print(f"sglang_dsa_mtp {sglang_dsa_mtp.__version__}\n")
-    _print_table(
-        [
-            ("SGLang", version_note),
-            ("plugin loader", ("yes: " if discovered else "NO: ") + discovery_note),
-            ("device", device_note),
-        ]
-    )
-
-    switch_rows = []
-    for switch in SWITCHES:
-        enabled, why = switch.state()
-        switch_rows.append((switch.env, "on" if enabled else "off", why))
-    _print_table(switch_rows, header=("kill switch", "state", "why"))
-
-    blocker = cuda_blocker()
-    feature_rows = []
-    for feature, status in plugin.feature_status().items():
-        why_not = [] if status.enabled else [status.reason]
-        if blocker:
-            why_not.append(blocker)
-        feature_rows.append((feature, "no" if why_not else "yes", "; ".join(why_not)))
-    _print_table(feature_rows, header=("feature", "engages here", "why not"))
-    print(f"  {_live_width_engagement(device)}\n")
-    if plugin.feature_status()["live_width"].enabled:
-        from sglang_dsa_mtp.integration.dsa_graph_page_tables import describe
-
-        _print_table(describe(), header=("live_width part", "engages here", "when / why not"))
+    rows, discovered = status.installation_rows(device_note)
+    _print_table(rows)
+    _print_table(status.switch_rows(), header=("kill switch", "state", "why"))
+    _print_table(status.feature_rows(), header=("feature", "engages here", "why not"))
+    print(f"  {status.device_indexer_engagement(device)}\n")
+    live_width = status.live_width_rows()
+    if live_width:
+        _print_table(live_width, header=("live_width part", "engages here", "when / why not"))
+    return discovered
 
 
 def _run_checks(device: torch.device, device_note: str) -> list[str]:
     """Run and table the self-checks; the names of those that failed."""
-    from sglang_dsa_mtp import selfcheck
+    from sglang_dsa_mtp.selfcheck import run_checks
+    from sglang_dsa_mtp.testing import selfchecks
 
-    results = selfcheck.run_checks(device)
+    results = run_checks(selfchecks.CHECKS, device)
     if not results:
         print(f"  self-checks ({device_note}): none yet")
         return []
@@ -202,10 +171,14 @@ def main(argv: Sequence[str] = ()) -> int:
     )
     with log_to_screen():
         with quiet_sglang_import():
-            _print_status(device, device_note)
+            discovered = _print_status(device, device_note)
         from sglang_dsa_mtp.switches import SWITCHES
 
         problems = [error for error in (s.value_error() for s in SWITCHES) if error]
+        if not discovered:
+            problems.append(
+                "SGLang's plugin loader does not load this plugin (see 'plugin loader')"
+            )
         if args.no_checks:
             print(f"  self-checks ({device_note}): skipped (--no-checks)")
         else:

@@ -1,62 +1,48 @@
-"""Kernel self-checks run by ``python -m sglang_dsa_mtp``: ours against SGLang 0.5.23's own.
+"""The kernel self-checks of ``python -m sglang_dsa_mtp``: what one check returns, and running them.
 
-Each row of ``CHECKS`` names a check in the test support (:mod:`sglang_dsa_mtp.test`), which
-compares one of our kernels with SGLang's on random inputs, bit for bit, on the device it is given:
-the GPU (at real sizes, with a CUDA-graph timing of each arm) or the CPU through Triton's
-interpreter (at small sizes, untimed). The check is imported only when it runs, after
-``select_device()``, so importing this module defines no Triton kernel.
+A check compares one of our kernels with SGLang 0.5.23's own on random inputs, bit for bit, on the
+device it is given: the GPU (at real sizes, with a CUDA-graph timing of each arm) or the CPU through
+Triton's interpreter (at small sizes, untimed). The checks themselves are test support
+(``sglang_dsa_mtp.testing.selfchecks.CHECKS``), which the command line hands to :func:`run_checks`
+after ``select_device()``; this module imports none of it.
 """
 
 from __future__ import annotations
 
-import pkgutil
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import torch
 
-from sglang_dsa_mtp.test.check import CheckResult
 
-_CASES = "sglang_dsa_mtp.test"
+@dataclass(frozen=True)
+class CheckResult:
+    """``ok``, a one-line ``detail``, and on the GPU the microseconds per call of each arm."""
+
+    ok: bool
+    detail: str
+    ours_us: float | None = None
+    sglang_us: float | None = None
 
 
 @dataclass(frozen=True)
 class SelfCheck:
-    """One row: ``check`` maps a device to a :class:`CheckResult`; given as ``"<module>:<function>"``,
-    it is imported when the check runs."""
+    """One row: ``check`` maps a device to a :class:`CheckResult`."""
 
     name: str
-    check: Union[str, Callable[[torch.device], CheckResult]]
-
-    def run(self, device: torch.device) -> CheckResult:
-        check = pkgutil.resolve_name(self.check) if isinstance(self.check, str) else self.check
-        return check(device)
+    check: Callable[[torch.device], CheckResult]
 
 
-CHECKS: tuple[SelfCheck, ...] = (
-    SelfCheck(
-        "bounded DSA replay metadata", f"{_CASES}.metadata_cases:check_bounded_replay_metadata"
-    ),
-    SelfCheck(
-        "one-launch MTP draft decode metadata",
-        f"{_CASES}.metadata_cases:check_draft_decode_metadata",
-    ),
-    SelfCheck(
-        "draft argmax partials + finalize", f"{_CASES}.argmax_cases:check_draft_argmax_exchange"
-    ),
-    SelfCheck("live-width indexer logits (chunked)", f"{_CASES}.indexer_cases:check_live_logits"),
-)
-
-
-def run_checks(device: torch.device) -> list[tuple[SelfCheck, CheckResult]]:
-    """Run every check in ``CHECKS`` on ``device``; a check that raises is a failed check."""
+def run_checks(
+    checks: Sequence[SelfCheck], device: torch.device
+) -> list[tuple[SelfCheck, CheckResult]]:
+    """Run every check on ``device``; a check that raises is a failed check (traceback on stderr)."""
     results = []
-    for check in CHECKS:
+    for check in checks:
         try:
-            result = check.run(device)
+            result = check.check(device)
         except Exception as exc:
             traceback.print_exc(file=sys.stderr)
             result = CheckResult(False, f"raised {type(exc).__name__}: {exc}")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from sglang.srt.environ import EnvBool, Envs
 
-from sglang_dsa_mtp.integration.log import log_once
+from sglang_dsa_mtp import devices
+from sglang_dsa_mtp.log import log_once
 
 ACCEPTED = "true/1/yes/y or false/0/no/n (any case)"
 
@@ -67,6 +68,12 @@ class KillSwitch:
 
     def enabled(self) -> bool:
         return self.state()[0]
+
+    def blocker(self) -> str | None:
+        """The gate every hook site asks first: why this switch's changes cannot engage in this
+        process (the switch is off, or this is not a CUDA platform), or None when they can."""
+        enabled, why = self.state()
+        return why if not enabled else devices.cuda_blocker()
 
 
 BOUNDED_REPLAY_METADATA = KillSwitch(

@@ -23,10 +23,14 @@ def test_with_cuda_the_gpu_is_selected_and_triton_compiles(monkeypatch):
 
 def test_the_changes_engage_only_on_a_cuda_build_with_a_device(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert cuda_blocker() is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cuda_blocker() == "no CUDA device"
+    assert cuda_blocker() == "not a CUDA platform (no CUDA device)"
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cuda_blocker() == "not a CUDA platform (no CUDA device)"
     monkeypatch.setattr(torch.version, "hip", "6.4.1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert cuda_blocker() == "HIP build of torch (ROCm 6.4.1); the changes are CUDA-only"

@@ -9,11 +9,10 @@ import warnings
 
 import pytest
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp import selfcheck
 from sglang_dsa_mtp.__main__ import (
     SGLANG_IMPORT_LOG_LINES,
     SGLANG_IMPORT_WARNINGS,
@@ -21,9 +20,9 @@ from sglang_dsa_mtp.__main__ import (
     quiet_sglang_import,
 )
 from sglang_dsa_mtp.devices import cuda_blocker
-from sglang_dsa_mtp.selfcheck import SelfCheck
+from sglang_dsa_mtp.selfcheck import CheckResult, SelfCheck
 from sglang_dsa_mtp.switches import SWITCHES
-from sglang_dsa_mtp.test.check import CheckResult
+from sglang_dsa_mtp.testing import selfchecks
 
 
 def run_main(*args, **env):
@@ -51,7 +50,7 @@ def record_checks(monkeypatch, *results):
         return run
 
     checks = tuple(SelfCheck(f"kernel-{i}", check(r)) for i, r in enumerate(results))
-    monkeypatch.setattr(selfcheck, "CHECKS", checks)
+    monkeypatch.setattr(selfchecks, "CHECKS", checks)
     return ran
 
 
@@ -170,7 +169,7 @@ def test_quiet_sglang_import_drops_only_the_known_warnings(caplog):
 
 def test_checks_are_tabled_with_their_timings(monkeypatch, capsys):
     monkeypatch.setattr(
-        selfcheck,
+        selfchecks,
         "CHECKS",
         (SelfCheck("kernel-a", lambda device: CheckResult(True, "identical", 1.25, 7.5)),),
     )
@@ -181,7 +180,7 @@ def test_checks_are_tabled_with_their_timings(monkeypatch, capsys):
 
 def test_a_failed_check_makes_the_exit_status_1(monkeypatch, capsys):
     monkeypatch.setattr(
-        selfcheck,
+        selfchecks,
         "CHECKS",
         (
             SelfCheck("kernel-a", lambda device: CheckResult(True, "identical")),
@@ -205,7 +204,7 @@ def test_the_command_names_a_local_build_of_the_tested_version_tested(
     from sglang_dsa_mtp import plugin
 
     monkeypatch.setattr(plugin, "sglang_version", lambda: version)
-    monkeypatch.setattr(selfcheck, "CHECKS", ())
+    monkeypatch.setattr(selfchecks, "CHECKS", ())
     assert main() == 0
     out = capsys.readouterr().out.splitlines()
     [line] = [line for line in out if line.strip().startswith("SGLang ")]
@@ -224,7 +223,7 @@ def live_width_rows(out: str) -> dict[str, str]:
 
 
 def test_the_command_says_what_the_live_width_switch_engages(monkeypatch, capsys, set_platform):
-    monkeypatch.setattr(selfcheck, "CHECKS", ())
+    monkeypatch.setattr(selfchecks, "CHECKS", ())
     set_platform(cuda=True, hip=False)
     monkeypatch.setenv("SGLANG_OPT_USE_TOPK_V2", "0")
     monkeypatch.setenv("SGLANG_DSA_BOUNDED_REPLAY_METADATA", "0")
@@ -238,8 +237,18 @@ def test_the_command_says_what_the_live_width_switch_engages(monkeypatch, capsys
     assert rows["one real_page_table per backend"].startswith("yes")
 
 
+def test_the_command_exits_1_when_sglangs_loader_leaves_the_plugin_out():
+    done = run_main("--no-checks", SGLANG_PLUGINS="some_other_plugin")
+    assert done.returncode == 1
+    assert "plugin loader  NO: entry point 'dsa_mtp' found but not loaded" in done.stdout
+    assert done.stderr.splitlines()[-1] == (
+        "python -m sglang_dsa_mtp: error: SGLang's plugin loader does not load this plugin "
+        "(see 'plugin loader')"
+    )
+
+
 def test_the_live_width_parts_are_not_listed_when_the_switch_is_off(monkeypatch, capsys):
-    monkeypatch.setattr(selfcheck, "CHECKS", ())
+    monkeypatch.setattr(selfchecks, "CHECKS", ())
     monkeypatch.setenv("SGLANG_DSA_LIVE_WIDTH", "0")
     assert main() == 0
     assert "live_width part" not in capsys.readouterr().out

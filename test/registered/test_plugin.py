@@ -10,7 +10,7 @@ import pkgutil
 
 import pytest
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
@@ -18,9 +18,15 @@ import sglang.srt.plugins
 from sglang.srt.environ import EnvBool
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_dsa_mtp import plugin
-from sglang_dsa_mtp.plugin import ENTRY_POINT, FeatureStatus, PluginAttribute, PluginHook
-from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE, SWITCHES
+from sglang_dsa_mtp import hooks, plugin
+from sglang_dsa_mtp.hooks import PluginAttribute, PluginHook
+from sglang_dsa_mtp.plugin import ENTRY_POINT, FeatureStatus
+from sglang_dsa_mtp.switches import (
+    BOUNDED_REPLAY_METADATA,
+    DRAFT_ARGMAX_EXCHANGE,
+    LIVE_WIDTH,
+    SWITCHES,
+)
 
 TARGET = "sglang.srt.environ.EnvBool.parse"
 HOOK = f"{__name__}:record_parse"
@@ -53,7 +59,7 @@ def fresh_plugin(fresh_switches, monkeypatch):
     monkeypatch.setattr(EnvBool, "parse", EnvBool.parse)
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
     parsed.clear()
-    rows = plugin.ATTRIBUTES + (PluginAttribute(BOUNDED_REPLAY_METADATA, NEW_ATTRIBUTE, ""),)
+    rows = hooks.ATTRIBUTES + (PluginAttribute(BOUNDED_REPLAY_METADATA, NEW_ATTRIBUTE, ""),)
     absent = [
         (owner, name)
         for owner, name in map(attribute_owner_and_name, rows)
@@ -66,8 +72,8 @@ def fresh_plugin(fresh_switches, monkeypatch):
 
 
 def use_hooks(monkeypatch, *rows, attributes=()):
-    monkeypatch.setattr(plugin, "HOOKS", rows)
-    monkeypatch.setattr(plugin, "ATTRIBUTES", attributes)
+    monkeypatch.setattr(hooks, "HOOKS", rows)
+    monkeypatch.setattr(hooks, "ATTRIBUTES", attributes)
 
 
 def registered():
@@ -96,7 +102,7 @@ def test_sglang_load_plugins_runs_register_and_applies_its_hooks(fresh_plugin):
     # Whitelist only this plugin: others installed with SGLang (smg-grpc-servicer) would patch SGLang
     # for the rest of the session.
     fresh_plugin.setenv("SGLANG_PLUGINS", ENTRY_POINT)
-    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+    use_hooks(fresh_plugin, PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK))
 
     sglang.srt.plugins.load_plugins()
 
@@ -108,7 +114,7 @@ def test_sglang_load_plugins_runs_register_and_applies_its_hooks(fresh_plugin):
 
 def test_the_sglang_plugins_whitelist_can_leave_the_plugin_out(fresh_plugin):
     fresh_plugin.setenv("SGLANG_PLUGINS", "some_other_plugin")
-    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+    use_hooks(fresh_plugin, PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK))
 
     discovered, why = plugin.discovery()
     sglang.srt.plugins.load_plugins()
@@ -124,8 +130,8 @@ def test_the_sglang_plugins_whitelist_can_leave_the_plugin_out(fresh_plugin):
 def test_the_shipped_table_resolves_completely(fresh_plugin, caplog):
     plugin.register()
     assert plugin_warnings(caplog) == []
-    assert len(registered()) == len({row.target for row in plugin.HOOKS})
-    for row in plugin.ATTRIBUTES:
+    assert len(registered()) == len({row.target for row in hooks.HOOKS})
+    for row in hooks.ATTRIBUTES:
         owner, name = attribute_owner_and_name(row)
         assert vars(owner)[name] is pkgutil.resolve_name(row.value)
 
@@ -149,7 +155,7 @@ def test_the_dsa_backends_verify_mask_is_none_until_the_plugin_creates_one(fresh
 def use_one_hook_and_one_attribute(monkeypatch, target=NEW_ATTRIBUTE):
     use_hooks(
         monkeypatch,
-        PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK),
+        PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK),
         attributes=(
             PluginAttribute(BOUNDED_REPLAY_METADATA, target, f"{__name__}:ATTRIBUTE_VALUE"),
         ),
@@ -184,7 +190,7 @@ def test_an_attribute_sglang_already_defines_disables_its_feature(fresh_plugin, 
 def use_one_shadowing_attribute(monkeypatch, target, shadows="sglang.srt.environ.EnvField"):
     use_hooks(
         monkeypatch,
-        PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK),
+        PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK),
         attributes=(
             PluginAttribute(
                 BOUNDED_REPLAY_METADATA, target, f"{__name__}:ATTRIBUTE_VALUE", shadows=shadows
@@ -233,7 +239,7 @@ def test_a_feature_without_hook_rows_is_off_as_not_yet_implemented(fresh_plugin)
 
 def test_a_switched_off_feature_registers_nothing(fresh_plugin):
     fresh_plugin.setenv(BOUNDED_REPLAY_METADATA.env, "0")
-    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+    use_hooks(fresh_plugin, PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK))
     plugin.register()
     assert registered() == {}
     assert plugin.feature_status()[BOUNDED_REPLAY_METADATA.feature] == (
@@ -244,7 +250,7 @@ def test_a_switched_off_feature_registers_nothing(fresh_plugin):
 
 def test_an_unparsable_switch_registers_nothing(fresh_plugin):
     fresh_plugin.setenv(DRAFT_ARGMAX_EXCHANGE.env, "off")
-    use_hooks(fresh_plugin, PluginHook(DRAFT_ARGMAX_EXCHANGE, TARGET, HookType.AFTER, HOOK))
+    use_hooks(fresh_plugin, PluginHook((DRAFT_ARGMAX_EXCHANGE,), TARGET, HookType.AFTER, HOOK))
     plugin.register()
     assert registered() == {}
     assert not plugin.feature_status()[DRAFT_ARGMAX_EXCHANGE.feature].enabled
@@ -255,7 +261,7 @@ def test_an_unparsable_switch_registers_nothing(fresh_plugin):
     [
         pytest.param(
             PluginHook(
-                BOUNDED_REPLAY_METADATA,
+                (BOUNDED_REPLAY_METADATA,),
                 "sglang.srt.environ.EnvBool.no_such_method",
                 HookType.AFTER,
                 HOOK,
@@ -264,25 +270,27 @@ def test_an_unparsable_switch_registers_nothing(fresh_plugin):
         ),
         pytest.param(
             PluginHook(
-                BOUNDED_REPLAY_METADATA, "sglang.srt.no_such_module.f", HookType.AFTER, HOOK
+                (BOUNDED_REPLAY_METADATA,), "sglang.srt.no_such_module.f", HookType.AFTER, HOOK
             ),
             id="missing-module",
         ),
         pytest.param(
-            PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, f"{__name__}:no_such_hook"),
+            PluginHook(
+                (BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, f"{__name__}:no_such_hook"
+            ),
             id="missing-hook",
         ),
         pytest.param(
-            PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, f"{__name__}:TARGET"),
+            PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, f"{__name__}:TARGET"),
             id="hook-not-callable",
         ),
     ],
 )
 def test_a_row_that_does_not_resolve_disables_only_its_feature(bad_row, fresh_plugin, caplog):
     good_row_same_feature = PluginHook(
-        BOUNDED_REPLAY_METADATA, "sglang.srt.environ.EnvBool.__init__", HookType.AFTER, HOOK
+        (BOUNDED_REPLAY_METADATA,), "sglang.srt.environ.EnvBool.__init__", HookType.AFTER, HOOK
     )
-    other_feature_row = PluginHook(DRAFT_ARGMAX_EXCHANGE, TARGET, HookType.AFTER, HOOK)
+    other_feature_row = PluginHook((DRAFT_ARGMAX_EXCHANGE,), TARGET, HookType.AFTER, HOOK)
     use_hooks(fresh_plugin, good_row_same_feature, bad_row, other_feature_row)
 
     with caplog.at_level(logging.WARNING, logger="sglang_dsa_mtp"):
@@ -304,7 +312,7 @@ def test_the_tested_version_and_its_local_builds_register_the_features(
     version, fresh_plugin, caplog
 ):
     fresh_plugin.setattr(plugin, "sglang_version", lambda: version)
-    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+    use_hooks(fresh_plugin, PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK))
 
     with caplog.at_level(logging.WARNING, logger="sglang_dsa_mtp"):
         plugin.register()
@@ -326,9 +334,9 @@ def test_an_untested_sglang_version_turns_every_feature_off_with_one_warning(fre
     fresh_plugin.setattr(plugin, "sglang_version", lambda: "0.6.0")
     use_hooks(
         fresh_plugin,
-        PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK),
+        PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK),
         PluginHook(
-            DRAFT_ARGMAX_EXCHANGE, "sglang.srt.environ.EnvBool.__init__", HookType.AFTER, HOOK
+            (DRAFT_ARGMAX_EXCHANGE,), "sglang.srt.environ.EnvBool.__init__", HookType.AFTER, HOOK
         ),
     )
 
@@ -344,7 +352,7 @@ def test_an_untested_sglang_version_turns_every_feature_off_with_one_warning(fre
 
 
 def test_register_twice_registers_once(fresh_plugin, caplog):
-    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+    use_hooks(fresh_plugin, PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK))
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         plugin.register()
         plugin.register()
@@ -356,7 +364,7 @@ def test_register_twice_registers_once(fresh_plugin, caplog):
 
 def test_register_logs_which_features_are_on_at_info(fresh_plugin, caplog):
     fresh_plugin.setenv(DRAFT_ARGMAX_EXCHANGE.env, "0")
-    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+    use_hooks(fresh_plugin, PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK))
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         plugin.register()
     [info] = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
@@ -378,6 +386,62 @@ def test_register_never_raises_into_sglang(fresh_plugin, caplog):
 
 
 def test_feature_status_before_register_reports_without_registering(fresh_plugin):
-    use_hooks(fresh_plugin, PluginHook(BOUNDED_REPLAY_METADATA, TARGET, HookType.AFTER, HOOK))
+    use_hooks(fresh_plugin, PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK))
     assert plugin.feature_status()[BOUNDED_REPLAY_METADATA.feature] == (True, "default on")
     assert registered() == {}
+
+
+# --- one owner per SGLang target ---------------------------------------------------------------------
+
+
+def test_the_shipped_table_has_one_hook_per_sglang_target():
+    targets = [row.target for row in hooks.HOOKS]
+    assert len(targets) == len(set(targets))
+
+
+def test_sglang_applies_the_shipped_table_without_a_multiple_hooks_warning(fresh_plugin, caplog):
+    """SGLang's loader warns "Multiple AROUND hooks" when two hooks wrap one target."""
+    fresh_plugin.setenv("SGLANG_PLUGINS", ENTRY_POINT)
+    with caplog.at_level(logging.DEBUG):
+        sglang.srt.plugins.load_plugins()
+    assert all(switch.enabled() for switch in SWITCHES)
+    assert set(HookRegistry._patched) == {row.target for row in hooks.HOOKS}
+    assert [r.getMessage() for r in caplog.records if "Multiple" in r.getMessage()] == []
+    for switch in SWITCHES:
+        assert hooks.unapplied_hooks(switch) == []
+
+
+def test_a_row_two_features_share_is_registered_once_while_either_is_on(fresh_plugin):
+    shared = PluginHook((BOUNDED_REPLAY_METADATA, LIVE_WIDTH), TARGET, HookType.AFTER, HOOK)
+    use_hooks(fresh_plugin, shared)
+    fresh_plugin.setenv(BOUNDED_REPLAY_METADATA.env, "0")
+    plugin.register()
+    assert registered() == {TARGET: [HookType.AFTER]}
+    status = plugin.feature_status()
+    assert (
+        status[LIVE_WIDTH.feature].enabled and not status[BOUNDED_REPLAY_METADATA.feature].enabled
+    )
+
+
+def test_a_row_two_features_share_is_registered_once_when_both_are_on(fresh_plugin):
+    shared = PluginHook((BOUNDED_REPLAY_METADATA, LIVE_WIDTH), TARGET, HookType.AFTER, HOOK)
+    use_hooks(fresh_plugin, shared)
+    plugin.register()
+    assert registered() == {TARGET: [HookType.AFTER]}
+
+
+def test_unapplied_hooks_names_the_targets_sglang_did_not_patch(fresh_plugin):
+    use_hooks(
+        fresh_plugin,
+        PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK),
+        PluginHook(
+            (BOUNDED_REPLAY_METADATA, LIVE_WIDTH),
+            "sglang.srt.environ.EnvBool.__init__",
+            HookType.AFTER,
+            HOOK,
+        ),
+    )
+    fresh_plugin.setattr(HookRegistry, "_patched", {TARGET})
+    assert hooks.unapplied_hooks(BOUNDED_REPLAY_METADATA) == ["sglang.srt.environ.EnvBool.__init__"]
+    assert hooks.unapplied_hooks(LIVE_WIDTH) == ["sglang.srt.environ.EnvBool.__init__"]
+    assert hooks.unapplied_hooks(DRAFT_ARGMAX_EXCHANGE) == []

@@ -4,21 +4,38 @@ import logging
 
 import pytest
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp.switches import ACCEPTED, BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE
+from sglang_dsa_mtp import devices
+from sglang_dsa_mtp.switches import (
+    ACCEPTED,
+    BOUNDED_REPLAY_METADATA,
+    DRAFT_ARGMAX_EXCHANGE,
+    LIVE_WIDTH,
+    SWITCHES,
+)
 
-SWITCH_PARAMS = [
-    pytest.param(BOUNDED_REPLAY_METADATA, id="bounded_replay_metadata"),
-    pytest.param(DRAFT_ARGMAX_EXCHANGE, id="draft_argmax_exchange"),
-]
+SWITCH_PARAMS = [pytest.param(switch, id=switch.feature) for switch in SWITCHES]
 
 
-def test_the_two_switches_are_the_spec_variables():
+def test_the_two_spec_switches_and_the_live_width_switch():
     assert BOUNDED_REPLAY_METADATA.env == "SGLANG_DSA_BOUNDED_REPLAY_METADATA"
     assert DRAFT_ARGMAX_EXCHANGE.env == "SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE"
+    assert LIVE_WIDTH.env == "SGLANG_DSA_LIVE_WIDTH"
+    assert SWITCHES == (BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE, LIVE_WIDTH)
+
+
+@pytest.mark.parametrize("switch", SWITCH_PARAMS)
+def test_the_gate_asks_the_switch_first_then_the_platform(switch, fresh_switches, monkeypatch):
+    monkeypatch.setattr(devices, "cuda_blocker", lambda: "not a CUDA platform (test)")
+    assert switch.blocker() == "not a CUDA platform (test)"
+    monkeypatch.setenv(switch.env, "0")
+    assert switch.blocker() == f"{switch.env}=0"
+    monkeypatch.setattr(devices, "cuda_blocker", lambda: None)
+    monkeypatch.setenv(switch.env, "1")
+    assert switch.blocker() is None
 
 
 @pytest.mark.parametrize("switch", SWITCH_PARAMS)

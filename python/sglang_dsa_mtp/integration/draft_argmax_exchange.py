@@ -15,9 +15,13 @@ the TP group with SGLang's own all-reduce (``get_parallel().tp_group.all_reduce`
 The opt-in engages where SGLang's own LM-head path is a plain bf16/fp32 matmul over the rank's
 contiguous vocab shard, which it decides with its ``should_apply_lm_head_quant_method``: a quantized
 checkpoint's NextN draft head (built with ModelOpt's ``ModelOptFp4LinearMethod``, say, then given the
-target's bf16 weight) engages; a head whose quant method SGLang applies keeps the gather. Before it
-engages, every kernel variant the call sites launch is compiled (``draft_argmax_partials.warm_up``),
-so no request waits for Triton.
+target's bf16 weight) engages; a head whose quant method SGLang applies keeps the gather. The per-step
+hooks have no fallback (one rank falling back alone would leave the others waiting in the
+all-reduce), so every check that can fail runs at the opt-in, where the ranks agree: the layout of
+the rank's shard (``partials_layout``), the logits dtypes SGLang's matmul can give, the all-reduce
+route, and a compile of every kernel variant the call sites launch
+(``draft_argmax_partials.warm_up``, so no request waits for Triton); the per-step launches check
+nothing.
 
 The AFTER hook on ``forward`` then sets ``LogitsProcessorOutput.next_token_argmax_partials`` (a
 class-level default of None, added by the plugin) to the all-reduced exchange buffer. The output's
@@ -41,19 +45,21 @@ from sglang.srt.layers import logits_processor as sglang_logits
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 from sglang.srt.runtime_context import get_parallel
 
-from sglang_dsa_mtp.integration.log import log_once
+from sglang_dsa_mtp.integration.state import ProcessorState, peek, state_of
 from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group, all_reduce_route
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import (
     LOGITS_DTYPES,
     MAX_VOCAB,
-    draft_argmax_partials,
+    PartialsLayout,
     exchange_shape,
+    launch_partials,
+    partials_layout,
     warm_up,
 )
+from sglang_dsa_mtp.log import log_once
 from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
 
 NO_PARTIALS = None  # LogitsProcessorOutput.next_token_argmax_partials everywhere else
-STATE = "_sglang_dsa_mtp_argmax_exchange"  # the engaged processor's _Exchange
 DEFAULT_MAX_ROWS = 256
 
 # Every live exchange buffer we handed out behind a stand-in, by the address of its storage. Weak:
@@ -63,10 +69,11 @@ _EXCHANGES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
-class _Exchange:
+class Exchange:
+    """An engaged processor's exchange: its LM head, its shard's checked layout, the route."""
+
     lm_head: torch.nn.Module
-    tp_rank: int
-    tp_size: int
+    layout: PartialsLayout
     route: str
 
 
@@ -92,9 +99,9 @@ def exchange_of(logits: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return exchange[start : start + logits.shape[0]]
 
 
-def exchange_state(processor) -> Optional[_Exchange]:
+def exchange_state(processor) -> Optional[Exchange]:
     """The processor's engaged exchange, or None (not opted in, or kept the gather)."""
-    return processor.__dict__.get(STATE)
+    return peek(processor, ProcessorState).exchange
 
 
 def _processor_blocker(processor) -> Optional[str]:
@@ -219,13 +226,30 @@ def _local_blocker(
     processor, lm_head, group, max_rows: int, capture_rows, draft_steps, facts: dict
 ) -> Optional[str]:
     """Why this rank must keep the gather, or None, before the ranks agree; ``facts`` gets the
-    all-reduce route and the kernel variants compiled ahead."""
+    all-reduce route, the kernel variants compiled ahead and the shard's checked ``layout``."""
+    # The switch alone: the partials run wherever Triton does (the draft worker, which opts its
+    # processor in, asks the platform: its topk=1 paths are CUDA's).
     enabled, why = DRAFT_ARGMAX_EXCHANGE.state()
-    reason = None if enabled else why
-    reason = reason or _processor_blocker(processor) or _lm_head_blocker(lm_head, group)
+    reason = (
+        (None if enabled else why)
+        or _processor_blocker(processor)
+        or _lm_head_blocker(lm_head, group)
+    )
     if reason is not None:
         return reason
     shard_width = lm_head.num_embeddings_per_partition
+    dtypes = logits_dtypes(processor, lm_head)
+    if any(dtype not in LOGITS_DTYPES for dtype in dtypes):
+        return f"SGLang's LM head can give {dtypes} logits; the partials take bf16 or fp32"
+    try:
+        layout = partials_layout(
+            shard_width=shard_width,
+            tp_rank=group.rank_in_group,
+            tp_size=group.world_size,
+            vocab_size=processor.vocab_size,
+        )
+    except (TypeError, ValueError) as exc:
+        return f"the LM head's shard does not fit the exchange ({exc})"
     rows = sorted({1, max(1, int(max_rows)), *(int(r) for r in capture_rows or ())})
     for probe_rows in sorted({1, max(rows)}):
         probe = torch.empty(
@@ -246,13 +270,14 @@ def _local_blocker(
             shard_width=shard_width,
             tp_size=group.world_size,
             vocab_size=processor.vocab_size,
-            dtypes=logits_dtypes(processor, lm_head),
+            dtypes=dtypes,
             device=lm_head.weight.device,
             draft_steps=draft_steps,
         )
     except Exception as exc:
         return f"compiling the exchange kernels ahead failed ({type(exc).__name__}: {exc})"
     facts["kernel variants compiled ahead"] = len(variants)
+    facts["layout"] = layout
     return None
 
 
@@ -284,11 +309,12 @@ def opt_in(
             decision.reason = f"the opt-in check raised {type(exc).__name__}: {exc}"
         # Every rank gets here, whatever happened.
         decision.reason = agree_across_group(group, decision.reason)
+    layout = decision.facts.pop("layout", None)
+    state = state_of(processor, ProcessorState)
     if not decision.engaged:
-        processor.__dict__.pop(STATE, None)
+        state.exchange = None
         return decision
-    route = decision.facts.get("all-reduce")
-    processor.__dict__[STATE] = _Exchange(lm_head, group.rank_in_group, group.world_size, route)
+    state.exchange = Exchange(lm_head, layout, decision.facts.get("all-reduce"))
     _prebuild_gatherer(processor, lm_head)
     return decision
 
@@ -367,16 +393,13 @@ def exchange_instead_of_gather(
 ):
     """AROUND ``LogitsProcessor._get_logits``: for an engaged processor's greedy-draft calls, the
     all-reduced argmax partials behind a stand-in view instead of the gathered logits."""
-    state = self.__dict__.get(STATE)
+    state = peek(self, ProcessorState).exchange
     if not _exchange_applies(state, lm_head, logits_metadata, embedding_bias):
         return original(self, hidden_states, lm_head, logits_metadata, embedding_bias, **kwargs)
     logits = self._compute_lm_head(hidden_states, lm_head, None)
     if self.logit_scale is not None:
         logits.mul_(self.logit_scale)
-    exchange = draft_argmax_partials(
-        logits, tp_rank=state.tp_rank, tp_size=state.tp_size, vocab_size=self.vocab_size
-    )
-    exchange = get_parallel().tp_group.all_reduce(exchange)
+    exchange = get_parallel().tp_group.all_reduce(launch_partials(state.layout, logits))
     if exchange.storage_offset() != 0 or not exchange.is_contiguous():
         exchange = exchange.clone()  # an all-reduce that returned a view: own the rows
     return stand_in_logits(exchange, self.vocab_size)
@@ -384,7 +407,7 @@ def exchange_instead_of_gather(
 
 def attach_partials(result, self, *args, **kwargs):
     """AFTER ``LogitsProcessor.forward``: name the exchange buffer in the output when there is one."""
-    if STATE in self.__dict__ and result is not None:
+    if peek(self, ProcessorState).exchange is not None and result is not None:
         exchange = exchange_of(result.next_token_logits)
         if exchange is not None:
             result.next_token_argmax_partials = exchange

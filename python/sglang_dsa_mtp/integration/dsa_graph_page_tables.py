@@ -1,4 +1,4 @@
-"""Hook site: the CUDA-graph page tables of the DSA backends (target, draft extend, MTP draft steps).
+"""Hook site: the CUDA-graph state of the DSA backends (target, draft extend, MTP draft steps).
 
 SGLang 0.5.23's ``DeepseekSparseAttnBackend.init_cuda_graph_state`` allocates, per backend, either a
 wide ``[max_rows, width]`` int32 ``page_table_1`` (width = ``req_to_token``'s, ~1M columns at the
@@ -31,6 +31,14 @@ SGLang drops it only outside speculative decoding. Here, behind ``SGLANG_DSA_LIV
    computed at capture; replays write it as before (only live columns), so past the live columns
    it holds what the last replay of any batch size left there, as in SGLang's drop branch, and as
    the wide ``page_table_1`` itself (one buffer for every batch size) always did.
+3. **The DSA target's verify tree mask** (``dsa_verify_mask``), created in the same hook, after
+   SGLang's graph state.
+
+Hooks: AROUND ``DeepseekSparseAttnBackend.init_cuda_graph_state`` (1, 2 and 3), BEFORE its
+``_init_kpool_metadata_capture`` (2: each captured batch size's table becomes a slice), AROUND
+``DeepseekSparseAttnMultiStepBackend.init_cuda_graph_state`` (1: tells each step backend whether the
+one launch owns its replay, then records whether any step dropped its table, for the draft-decode
+replay hook in ``dsa_mtp_draft_metadata``).
 """
 
 from __future__ import annotations
@@ -38,17 +46,12 @@ from __future__ import annotations
 import logging
 
 import torch
-from sglang.srt.model_executor.forward_batch_info import ForwardMode, build_inner_fb_view
-from sglang.srt.utils import is_cuda, is_hip
 
-from sglang_dsa_mtp.integration.dsa_mtp_draft_metadata import GATES, why_not_one_launch
-from sglang_dsa_mtp.integration.log import log_once
-from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH
-
-SHARED_REAL = "_sglang_dsa_mtp_real_page_table"  # item 2: the one compact buffer, or None
-STEP_READER = "_sglang_dsa_mtp_step_reader"  # on step backends: why the table stays, or None
-STEPS_DROPPED = "_sglang_dsa_mtp_steps_dropped"  # on the multi-step backend: a step lacks the table
-_MULTI_STEP = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
+from sglang_dsa_mtp.integration.dsa_mtp_draft_metadata import why_not_one_launch
+from sglang_dsa_mtp.integration.dsa_verify_mask import create_verify_mask
+from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, peek, state_of
+from sglang_dsa_mtp.log import log_failure, log_once
+from sglang_dsa_mtp.switches import LIVE_WIDTH
 
 
 def _role(backend) -> str:
@@ -60,17 +63,13 @@ def _role(backend) -> str:
 def why_keep_wide_table(backend) -> str | None:
     """Why ``backend`` keeps its wide ``page_table_1`` whatever SGLang's own drop condition says, or
     None when SGLang's condition, with its spec-decoding clause lifted, may decide."""
-    enabled, why = LIVE_WIDTH.state()
-    if not enabled:
-        return why
-    if is_hip() or not is_cuda():
-        return "not a CUDA platform"
+    blocker = LIVE_WIDTH.blocker()
+    if blocker is not None:
+        return blocker
     if not backend.speculative_num_draft_tokens:
         return "no speculative decoding: SGLang's own condition decides"
     if backend.speculative_num_steps:  # an MTP draft step backend
-        return backend.__dict__.get(
-            STEP_READER, "a draft step backend built outside DeepseekSparseAttnMultiStepBackend"
-        )
+        return peek(backend, BackendState).step_reader
     return None
 
 
@@ -102,12 +101,10 @@ def _sglang_drop_decides(original, backend, args, kwargs) -> None:
         original(backend, *args, **kwargs)
         return
     except Exception as exc:  # never take the server down: run SGLang's spec-mode allocation
-        log_once(
-            logging.ERROR,
+        log_failure(
             ("drop-wide-failed", type(exc).__name__, str(exc)),
-            "sglang_dsa_mtp: the DSA graph state keeps SGLang's wide page_table_1: %s: %s",
-            type(exc).__name__,
             exc,
+            "sglang_dsa_mtp: the DSA graph state keeps SGLang's wide page_table_1",
         )
     finally:
         backend.speculative_num_draft_tokens = spec_tokens
@@ -115,7 +112,7 @@ def _sglang_drop_decides(original, backend, args, kwargs) -> None:
 
 
 def init_graph_state(original, backend, max_bs, max_num_tokens, *args, **kwargs):
-    """AROUND ``DeepseekSparseAttnBackend.init_cuda_graph_state``: items 1 and 2 above."""
+    """AROUND ``DeepseekSparseAttnBackend.init_cuda_graph_state``: items 1, 2 and 3 above."""
     args = (max_bs, max_num_tokens, *args)
     try:
         reason = why_keep_wide_table(backend)
@@ -125,6 +122,8 @@ def init_graph_state(original, backend, max_bs, max_num_tokens, *args, **kwargs)
         _sglang_drop_decides(original, backend, args, kwargs)
     else:
         original(backend, *args, **kwargs)
+    state = state_of(backend, BackendState)
+    state.shared_real_page_table = None
     if backend.dsa_drop_wide_page_table:
         if reason is None:
             log_once(
@@ -134,28 +133,28 @@ def init_graph_state(original, backend, max_bs, max_num_tokens, *args, **kwargs)
                 "(nothing reads it)",
                 _role(backend),
             )
-        backend.__dict__[SHARED_REAL] = None
-        return None
-    if reason is None or not backend.speculative_num_draft_tokens:
-        reason = sglang_reader(backend)
-    log_once(
-        logging.INFO,
-        ("keep-wide", _role(backend), reason),
-        "sglang_dsa_mtp: %s backend keeps its wide page_table_1: %s",
-        _role(backend),
-        reason,
-    )
-    _share_real_page_table(backend, max_num_tokens)
+    else:
+        if reason is None or not backend.speculative_num_draft_tokens:
+            reason = sglang_reader(backend)
+        log_once(
+            logging.INFO,
+            ("keep-wide", _role(backend), reason),
+            "sglang_dsa_mtp: %s backend keeps its wide page_table_1: %s",
+            _role(backend),
+            reason,
+        )
+        state.shared_real_page_table = _shared_real_page_table(backend, max_num_tokens)
+    create_verify_mask(backend, max_bs)
     return None
 
 
-def _share_real_page_table(backend, max_num_tokens: int) -> None:
-    backend.__dict__[SHARED_REAL] = None
-    if not LIVE_WIDTH.enabled() or is_hip() or not is_cuda() or backend.physical_page_size <= 1:
-        return
+def _shared_real_page_table(backend, max_num_tokens: int):
+    """One zeroed compact table for every captured batch size of ``backend``, or None."""
+    if LIVE_WIDTH.blocker() is not None or backend.physical_page_size <= 1:
+        return None
     page = backend.physical_page_size
     width = backend.req_to_token.shape[1]
-    backend.__dict__[SHARED_REAL] = torch.zeros(
+    return torch.zeros(
         max_num_tokens, (width + page - 1) // page, dtype=torch.int32, device=backend.device
     )
 
@@ -164,7 +163,7 @@ def capture_into_shared_real_table(backend, metadata, *args, **kwargs):
     """BEFORE ``_init_kpool_metadata_capture``, which SGLang calls on each captured batch size's new
     ``DSAMetadata`` before storing it: its ``real_page_table`` becomes a slice of the shared buffer,
     holding the values SGLang computed."""
-    shared = backend.__dict__.get(SHARED_REAL)
+    shared = peek(backend, BackendState).shared_real_page_table
     table = metadata.real_page_table
     if shared is None or table is None or table is metadata.page_table_1:
         return None
@@ -179,12 +178,10 @@ def capture_into_shared_real_table(backend, metadata, *args, **kwargs):
         view.copy_(table)
         object.__setattr__(metadata, "real_page_table", view)
     except Exception as exc:  # never take the server down: the batch size keeps its own table
-        log_once(
-            logging.ERROR,
+        log_failure(
             ("shared-real-failed", type(exc).__name__, str(exc)),
-            "sglang_dsa_mtp: a captured batch size keeps its own real_page_table: %s: %s",
-            type(exc).__name__,
             exc,
+            "sglang_dsa_mtp: a captured batch size keeps its own real_page_table",
         )
     return None
 
@@ -192,15 +189,6 @@ def capture_into_shared_real_table(backend, metadata, *args, **kwargs):
 def why_steps_keep_wide_table(multi) -> str | None:
     """Why the MTP draft step backends must keep ``page_table_1`` for SGLang's precompute + copies,
     or None when the one-launch path owns their replay."""
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    patched = getattr(HookRegistry, "_patched", set())
-    for target in (f"{_MULTI_STEP}.__init__", f"{_MULTI_STEP}.init_forward_metadata_out_graph"):
-        if target not in patched:
-            return (
-                "SGLang's draft-decode precompute + copies read it (the one-launch path, "
-                f"{BOUNDED_REPLAY_METADATA.env}, is not hooked)"
-            )
     reason = why_not_one_launch(multi)
     if reason is not None:
         return f"SGLang's draft-decode precompute + copies read it (no one launch: {reason})"
@@ -215,89 +203,8 @@ def steps_graph_state(original, multi, *args, **kwargs):
     except Exception as exc:  # never take the server down: the steps keep their tables
         reason = f"the gate raised {type(exc).__name__}: {exc}"
     for backend in multi.attn_backends:
-        backend.__dict__[STEP_READER] = reason
+        state_of(backend, BackendState).step_reader = reason
     original(multi, *args, **kwargs)
-    multi.__dict__[STEPS_DROPPED] = any(
+    state_of(multi, MultiStepState).steps_dropped = any(
         getattr(backend, "dsa_drop_wide_page_table", False) for backend in multi.attn_backends
     )
-
-
-def replay_steps_without_wide_table(original, multi, forward_batch, in_capture=False):
-    """AROUND ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``: with step
-    tables dropped, a batch size the one launch does not take, or whose launch fails, replays each
-    step backend's own metadata (SGLang's decode replay) instead of SGLang's precompute + copies."""
-    if in_capture or not multi.__dict__.get(STEPS_DROPPED, False):
-        return original(multi, forward_batch, in_capture=in_capture)
-    bs = forward_batch.batch_size
-    if multi.__dict__.get(GATES, {}).get(bs, "undecided") is None:
-        try:
-            return original(multi, forward_batch, in_capture=False)
-        except Exception as exc:
-            log_once(
-                logging.ERROR,
-                ("steps-replay-failed", id(multi), bs),
-                "sglang_dsa_mtp: MTP draft-decode metadata for bs %d: each step backend replays "
-                "its own (the step backends have no page_table_1): %s: %s",
-                bs,
-                type(exc).__name__,
-                exc,
-            )
-    else:
-        log_once(
-            logging.INFO,
-            ("steps-replay-each", id(multi), bs),
-            "sglang_dsa_mtp: MTP draft-decode metadata for bs %d: each step backend replays its "
-            "own (no one launch; the step backends have no page_table_1)",
-            bs,
-        )
-    view = build_inner_fb_view(forward_batch, bs=bs, forward_mode=ForwardMode.DECODE)
-    for backend in multi.attn_backends:
-        backend.init_forward_metadata_out_graph(view)
-    return None
-
-
-def describe() -> list[tuple[str, str, str]]:
-    """(change, engages here, when or why not) for ``python -m sglang_dsa_mtp``: each part of the
-    live-width switch, from what this process can know before a server starts (the switches, the
-    platform, the environment); the server's own arguments decide the rest, as listed."""
-    from sglang.srt.environ import envs
-
-    blockers = []
-    enabled, why = LIVE_WIDTH.state()
-    if not enabled:
-        blockers.append(why)
-    if is_hip() or not is_cuda():
-        blockers.append("not a CUDA platform")
-    topk = [
-        f"{name}=0"
-        for name in ("SGLANG_DSA_FUSE_TOPK", "SGLANG_OPT_USE_TOPK_V2")
-        if not getattr(envs, name).get()
-    ]
-    one_launch, one_launch_why = BOUNDED_REPLAY_METADATA.state()
-    table = "page size > 1, index_kpool 1, no HiSparse, the sgl-kernel top-k backend, index top-k <= 2048"
-    rows = [
-        (
-            "verify tree mask QLEN_ONLY, not read (DSA target)",
-            blockers,
-            "EAGLE topk 1 with CUDA graphs; not with --enable-watermark, --enable-two-batch-overlap",
-        ),
-        (
-            "no wide page_table_1: target, draft extend",
-            blockers + topk,
-            f"speculative decoding; {table}",
-        ),
-        (
-            "no wide page_table_1: MTP draft steps",
-            blockers + topk + ([] if one_launch else [one_launch_why]),
-            f"as above, and the one-launch path: --speculative-num-steps 2 to 5, {table}",
-        ),
-        (
-            "one real_page_table per backend",
-            blockers,
-            "wherever a backend keeps its wide page_table_1 (a reader is engaged), page size > 1",
-        ),
-    ]
-    return [
-        (change, "no" if why_not else "yes", "; ".join(why_not) if why_not else when)
-        for change, why_not, when in rows
-    ]

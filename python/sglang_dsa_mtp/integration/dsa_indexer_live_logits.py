@@ -1,24 +1,17 @@
 """Hook site: the DSA indexer's chunked paged-MQA logits (more rows than SMs).
 
-SGLang 0.5.23's ``Indexer._get_topk_paged`` builds a closure ``_chunked_fp8_paged_mqa_logits`` and
-hands it to ``deepgemm_paged_mqa_logits_split`` (``sglang/kernels/ops/attention/dsa/paged_mqa_logits.py``),
-which calls it once with every row (``q_offset`` rows: requests x draft tokens in target verify on
-SM90 and in draft extend, requests in decode). With more rows than ``Indexer.sm_count`` the closure
-computes chunks of ``sm_count`` rows and ``torch.cat``s them: a full-width copy of ``rows x max_len``
-fp32 logits, per top-k layer.
-
-The AROUND hook on ``deepgemm_paged_mqa_logits_split`` (SGLang's ``HookRegistry`` rebinds the
-indexer module's ``from ... import`` of it) takes that case: the same chunks, computed by the same
-closure with the same chunk schedules, with only each row's live columns copied into one output
-(:func:`~sglang_dsa_mtp.kernels.ops.attention.dsa_paged_mqa_logits_live.chunked_paged_mqa_logits_live`).
-The top-k that follows reads only live columns, so it selects the same indices. Everything else goes
-to SGLang's function unchanged: at most ``sm_count`` rows (no concat there), a logits function other
-than SGLang's closure, the switch off, a kernel not compiled at start-up. The AFTER hook on
-``Indexer.__init__`` compiles the copy kernel for the model's device, before any CUDA-graph capture.
-
-SGLang's ``deepgemm_paged_mqa_logits_native`` (SM100 target verify, ``[B, next_n]`` queries) also
-passes the closure, with requests as its batch; it chunks only above ``sm_count`` requests (148 on
-B200, beyond SGLang's default of 48 running requests under speculative decoding) and is not hooked.
+SGLang 0.5.23's ``Indexer._get_topk_paged`` hands its closure ``_chunked_fp8_paged_mqa_logits`` to
+``deepgemm_paged_mqa_logits_split``, which calls it once with every row. With more rows than
+``Indexer.sm_count`` the closure computes chunks of ``sm_count`` rows and joins them with a
+full-width ``torch.cat``, per top-k layer. The AROUND hook on ``deepgemm_paged_mqa_logits_split``
+takes that case: the same chunks, computed by the same closure with the same chunk schedules, only
+each row's live columns copied into one output
+(:func:`~sglang_dsa_mtp.kernels.ops.attention.dsa_paged_mqa_logits_live.chunked_paged_mqa_logits_live`);
+the top-k that follows reads only live columns, so it selects the same indices. Every condition and
+argument is checked before the first chunk is computed; whatever fails sends that call, and every
+later call of the same shape, to SGLang's function unchanged (logged once), as does a closure other
+than SGLang's, at most ``sm_count`` rows, or the switch off. The AFTER hook on ``Indexer.__init__``
+compiles the copy kernel for the model's device before any CUDA-graph capture.
 """
 
 from __future__ import annotations
@@ -28,39 +21,16 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from sglang_dsa_mtp.integration.log import log_once
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
+from sglang_dsa_mtp.log import log_failure, log_once
 from sglang_dsa_mtp.switches import LIVE_WIDTH
 
 # SGLang 0.5.23's closure, as ``deepgemm_paged_mqa_logits_split`` receives it.
 CLOSURE_QUALNAME = "Indexer._get_topk_paged.<locals>._chunked_fp8_paged_mqa_logits"
 SCHEDULE_FN = "resolve_paged_mqa_logits_metadata_fn"  # the closure's chunk-schedule resolver
 
-
-EAGLE_DRAFT_TOKENS = {"3/1/4": 4, "4/1/5": 5, "5/1/6": 6}  # EAGLE steps/topk/draft tokens
-H200_SMS = 132
-
-
-def first_chunked_requests(num_sms: int, rows_per_request: int) -> int:
-    """The fewest running requests whose rows (requests x rows per request) SGLang chunks."""
-    return num_sms // rows_per_request + 1
-
-
-def engagement(num_sms: Optional[int], *, sm100: bool = False) -> str:
-    """When the live copy engages on a GPU with ``num_sms`` SMs (None: no GPU here), in words."""
-    sms = num_sms or H200_SMS
-    counts = " / ".join(str(first_chunked_requests(sms, n)) for n in EAGLE_DRAFT_TOKENS.values())
-    where = f"this GPU's {sms} SMs" if num_sms else f"the GPU's SMs ({sms} on an H200)"
-    modes = (
-        "draft extend (SM100 target verify: past its SM count in requests)"
-        if sm100
-        else ("target verify and draft extend")
-    )
-    return (
-        f"live_width engages where the DSA indexer's logits have more rows than {where}: {modes} "
-        f"from {counts} running requests at EAGLE {', '.join(EAGLE_DRAFT_TOKENS)}; decode "
-        f"without speculation from {sms + 1}"
-    )
+# Call shapes (rows, width, device) that failed once: SGLang's concat for good.
+_FAILED: dict[tuple, str] = {}
 
 
 class _Closure(NamedTuple):
@@ -90,11 +60,13 @@ def sglang_closure(fn) -> Optional[_Closure]:
     return _Closure(sm_count, blocksize, resolve)
 
 
-def _why_not_live(closure, q_fp8, ctx_lens_2d, max_seq_len, q_offset) -> Optional[str]:
+def _why_not_live(closure, q_fp8, ctx_lens_2d, max_seq_len, q_offset, shape) -> Optional[str]:
     """Why a call that SGLang chunks keeps SGLang's concat, or None when the live copy applies."""
-    enabled, why = LIVE_WIDTH.state()
-    if not enabled:
-        return why
+    blocker = LIVE_WIDTH.blocker()
+    if blocker is not None:
+        return blocker
+    if shape in _FAILED:
+        return f"this call shape failed before ({_FAILED[shape]})"
     if closure is None:
         return "the logits function is not SGLang 0.5.23's _chunked_fp8_paged_mqa_logits closure"
     if q_fp8.dim() != 3:
@@ -129,11 +101,12 @@ def _live_logits(
     q_offset,
 ) -> Optional[torch.Tensor]:
     """The split function's result through the live copy, or None where SGLang's path runs."""
+    shape = (q_offset, max_seq_len, str(getattr(q_fp8, "device", None)))
     try:
         closure = sglang_closure(fp8_paged_mqa_logits_fn)
         if closure is not None and q_offset <= closure.sm_count:
             return None  # one logits call, no concat to remove
-        reason = _why_not_live(closure, q_fp8, ctx_lens_2d, max_seq_len, q_offset)
+        reason = _why_not_live(closure, q_fp8, ctx_lens_2d, max_seq_len, q_offset, shape)
     except Exception as exc:  # never take the server down: SGLang's path stays
         reason = f"the gate raised {type(exc).__name__}: {exc}"
     if reason is not None:
@@ -144,6 +117,19 @@ def _live_logits(
             reason,
         )
         return None
+
+    def whole_copy(why: str) -> None:  # this call stays right; later calls of the shape: SGLang's
+        _FAILED[shape] = why
+        log_once(
+            logging.ERROR,
+            ("live-logits-whole-copy", why),
+            "sglang_dsa_mtp: a chunk of indexer logits was copied whole (%s); calls of %d rows "
+            "x %d columns keep SGLang's concat from now on",
+            why,
+            q_offset,
+            max_seq_len,
+        )
+
     try:
         logits = live.chunked_paged_mqa_logits_live(
             fp8_paged_mqa_logits_fn,
@@ -156,14 +142,17 @@ def _live_logits(
             max_seq_len,
             chunk_rows=closure.sm_count,
             block_kv=closure.blocksize,
+            on_whole_copy=whole_copy,
         )
-    except Exception as exc:
-        log_once(
-            logging.ERROR,
+    except Exception as exc:  # SGLang's concat takes this call and every later one of its shape
+        _FAILED[shape] = f"{type(exc).__name__}: {exc}"
+        log_failure(
             ("live-logits-error", type(exc).__name__, str(exc)),
-            "sglang_dsa_mtp: the live-column indexer logits raised %s: %s; SGLang's concat is used",
-            type(exc).__name__,
             exc,
+            "sglang_dsa_mtp: the live-column indexer logits of %d rows x %d columns raised; "
+            "SGLang's concat takes calls of that shape",
+            q_offset,
+            max_seq_len,
         )
         return None
     log_once(
@@ -176,20 +165,25 @@ def _live_logits(
     return logits
 
 
+def weights_device(module: torch.nn.Module) -> torch.device:
+    """The device ``module``'s weights were built on (SGLang builds a model on its GPU)."""
+    for tensor in module.parameters():
+        return tensor.device
+    return torch.get_default_device()
+
+
 def warm_up_live_logits(result, indexer, *args, **kwargs):
-    """AFTER ``Indexer.__init__``: compile the live-copy kernel for the current CUDA device, once."""
+    """AFTER ``Indexer.__init__``: compile the live-copy kernel for the indexer's CUDA device, once
+    per device (Triton's interpreter, on the CPU, compiles nothing)."""
     try:
-        if LIVE_WIDTH.enabled() and torch.cuda.is_available() and torch.version.hip is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-            if not live.is_warm(device):
-                live.warm_up(device)
+        device = weights_device(indexer)
+        if LIVE_WIDTH.blocker() is None and device.type == "cuda" and not live.is_warm(device):
+            live.warm_up(device)
     except Exception as exc:  # chunked calls then keep SGLang's concat (is_warm stays False)
-        log_once(
-            logging.ERROR,
+        log_failure(
             ("live-logits-warm-up", type(exc).__name__, str(exc)),
-            "sglang_dsa_mtp: compiling the live-copy kernel raised %s: %s; chunked indexer logits "
-            "keep SGLang's concat",
-            type(exc).__name__,
             exc,
+            "sglang_dsa_mtp: compiling the live-copy kernel raised; chunked indexer logits keep "
+            "SGLang's concat",
         )
     return result

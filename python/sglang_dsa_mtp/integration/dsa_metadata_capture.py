@@ -6,7 +6,7 @@ batch size the first time it sees it (``_build_forward_metadata_cuda_graph``, fr
 replay-metadata kernel only at later calls: the first replay of each captured batch size, serving a
 request, would compile our kernel's variant. This AFTER hook, for a backend that uses the bounded
 kernels (``dsa_metadata_selection``), warms that variant up right away: the call SGLang's replay will
-make for this batch size and mode, made on twin buffers (``dsa_metadata_bounded.warm_up``), never on
+make for this batch size and mode, made on twin buffers (``launch.warm_up``), never on
 the captured ones. A warm-up inside a stream capture is skipped (logged; the first replay then
 compiles); one that raises sends that batch size to SGLang's kernel (``fallback``: logged once at
 ERROR), as the replay would have.
@@ -24,12 +24,12 @@ import torch
 from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 from sglang.srt.runtime_context import get_platform
 
-from sglang_dsa_mtp.integration.dsa_metadata_selection import DECISION, selected_kernel
-from sglang_dsa_mtp.integration.log import log_once, logger
-from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import warm_up
+from sglang_dsa_mtp.integration.dsa_metadata_selection import selected_kernel
+from sglang_dsa_mtp.integration.state import BackendState, state_of
+from sglang_dsa_mtp.kernels.ops.launch import warm_up
+from sglang_dsa_mtp.log import log_failure, log_once, logger
 
 _BUILD = inspect.signature(DeepseekSparseAttnBackend._build_forward_metadata_cuda_graph)
-REPORTED = "_sglang_dsa_mtp_reported"  # the backend's start-up line is out
 
 
 def warm_up_captured_bs(result, *args, **kwargs):
@@ -62,12 +62,10 @@ def warm_up_captured_bs(result, *args, **kwargs):
         if kernel is not None:
             kernel.fall_back(bs, exc)
         else:
-            log_once(
-                logging.ERROR,
+            log_failure(
                 ("warm-up-failed", type(exc).__name__, str(exc)),
-                "sglang_dsa_mtp: warming up the DSA replay metadata failed (%s: %s)",
-                type(exc).__name__,
                 exc,
+                "sglang_dsa_mtp: warming up the DSA replay metadata failed",
             )
     return result
 
@@ -84,10 +82,11 @@ def role(backend, mode) -> str:
 
 
 def _report_once(backend, mode) -> None:
-    if getattr(backend, REPORTED, False):
+    state = state_of(backend, BackendState)
+    if state.reported:
         return
-    setattr(backend, REPORTED, True)
-    reason = getattr(backend, DECISION, "the plugin's selection hook did not run")
+    state.reported = True
+    reason = state.bounded_reason
     facts = (
         f"index_kpool {backend.dsa_index_kpool}, KPool fusion "
         f"{'on' if backend.experimental_kpool_metadata_fusion else 'off'}"

@@ -2,23 +2,29 @@
 
 SGLang 0.5.23 replays each draft round by precomputing decode metadata into a full-width scratch table
 (``_precompute_replay_metadata``) and copying the whole width into every draft step backend's graph
-buffers. Here, for a captured bs whose step backends' tables match, one bounded launch
-(``fused_dsa_draft_decode_metadata_multi``) writes every step backend's buffers straight from
-``req_to_token``; each step backend then does the per-step work that stays:
+buffers. Two hooks, one per target:
 
-- ``set_dsa_prefill_impl(None)`` and ``forward_metadata = metadata``, as the stock copies do;
-- FlashMLA tile metadata (``flashmla_kv`` decode), computed once and copied into every step, as stock;
-- the DeepGEMM paged-MQA schedule, the top-k v2 plan and the 2-D context lengths, fresh for EVERY
-  step backend when the draft's top-k is not seeded from draft extend (stock leaves steps 0-2
-  un-refreshed when it has 3 or more step backends): computed once, by SGLang's own refresh on step
-  0, and copied into the other steps (their inputs are identical); for none when it is seeded:
-  seeded steps never run the indexer, the only reader of the three.
+- AROUND ``__init__`` (bounded replay metadata) keeps the ``seed_dsa_topk_from_draft_extend`` flag,
+  which SGLang does not store.
+- AROUND ``init_forward_metadata_out_graph`` (both the bounded and the live-width switch) decides per
+  captured bs, at its capture, how its replays write the step backends' metadata, and caches what
+  that takes:
 
-Two hooks: AROUND ``__init__`` keeps the ``seed_dsa_topk_from_draft_extend`` flag (SGLang does not
-store it), and AROUND ``init_forward_metadata_out_graph`` decides the gate per captured bs at capture
-(one INFO line per multi-step backend, one more per bs that decides otherwise), compiles the one
-launch's kernel variant for that bs there (on twin buffers, outside stream capture), and takes the
-one-launch path on replay.
+  1. **one launch** (bounded replay metadata on, the step backends' tables matching):
+     ``fused_dsa_draft_decode_metadata_multi`` writes every step backend's buffers straight from
+     ``req_to_token``, its variant compiled at capture; then each step backend gets the per-step
+     work that stays (``set_dsa_prefill_impl(None)``, ``forward_metadata``, FlashMLA tile metadata
+     computed once and copied, as stock), and, when the draft's top-k is not seeded from draft
+     extend, the DeepGEMM paged-MQA schedule, top-k v2 plan and 2-D context lengths: computed once
+     by SGLang's own refresh on step 0 and copied into the other steps (stock leaves steps 0-2
+     un-refreshed when it has 3 or more step backends); seeded steps never run the indexer, their
+     only reader.
+  2. **each step backend replays its own** (SGLang's decode replay per step backend), where the
+     live-width hooks dropped the step backends' wide tables and the one launch does not take the
+     bs, or failed on it: SGLang's precompute + copies read those tables.
+  3. **SGLang's precompute + copies** otherwise.
+
+A one-launch replay that raises sends its bs to 2 or 3 for good, logged once at ERROR.
 """
 
 from __future__ import annotations
@@ -28,19 +34,18 @@ import logging
 
 import torch
 from sglang.srt.layers.attention.dsa_backend import _to_2d_context_lens
-from sglang.srt.utils import is_cuda, is_hip
+from sglang.srt.model_executor.forward_batch_info import ForwardMode, build_inner_fb_view
 
-from sglang_dsa_mtp.integration.log import log_once, logger
+from sglang_dsa_mtp.hooks import unapplied_hooks
+from sglang_dsa_mtp.integration.state import DraftDecodeBs, MultiStepState, peek, state_of
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     MAX_DESTINATIONS,
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
 )
-from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import warm_up
+from sglang_dsa_mtp.kernels.ops.launch import warm_up
+from sglang_dsa_mtp.log import log_failure, log_once, logger
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
-
-SEEDED = "_sglang_dsa_mtp_seeded"  # the constructor's seed_dsa_topk_from_draft_extend
-GATES = "_sglang_dsa_mtp_one_launch"  # {bs: None when one launch applies, else the reason}
 
 
 def keep_seed_flag(original, self, *args, **kwargs):
@@ -48,7 +53,8 @@ def keep_seed_flag(original, self, *args, **kwargs):
     bound = inspect.signature(original).bind(self, *args, **kwargs)
     bound.apply_defaults()
     original(self, *args, **kwargs)
-    setattr(self, SEEDED, bool(bound.arguments["seed_dsa_topk_from_draft_extend"]))
+    state = state_of(self, MultiStepState)
+    state.seeded = bool(bound.arguments["seed_dsa_topk_from_draft_extend"])
 
 
 def _tables_mismatch(metas, backends) -> str | None:
@@ -79,14 +85,13 @@ def why_not_one_launch(multi, bs: int | None = None) -> str | None:
     """Why the captured ``bs`` must keep SGLang's precompute + copies, or None when one launch applies.
 
     With ``bs`` None, only the conditions known before any capture (no per-bs graph metadata)."""
-    enabled, why = BOUNDED_REPLAY_METADATA.state()
-    if not enabled:
-        return why
-    if is_hip():
-        return "HIP: the one-launch path is CUDA-only"
-    if not is_cuda():
-        return "not a CUDA platform"
-    if not hasattr(multi, SEEDED):
+    blocker = BOUNDED_REPLAY_METADATA.blocker()
+    if blocker is not None:
+        return blocker
+    unapplied = unapplied_hooks(BOUNDED_REPLAY_METADATA)
+    if unapplied:
+        return f"SGLang did not apply the plugin's hooks on {', '.join(unapplied)}"
+    if peek(multi, MultiStepState).seeded is None:
         return "the backend was built before the plugin's hooks applied (seed flag unknown)"
     backends = multi.attn_backends
     if not 1 <= len(backends) <= MAX_DESTINATIONS:
@@ -103,44 +108,90 @@ def why_not_one_launch(multi, bs: int | None = None) -> str | None:
     return _tables_mismatch([b.decode_cuda_graph_metadata[bs] for b in backends], backends)
 
 
-def _decide(multi, bs: int) -> str | None:
-    gates = multi.__dict__.setdefault(GATES, {})
-    if bs not in gates:
-        gates[bs] = why_not_one_launch(multi, bs)
-        _report(multi, bs, gates)
-    return gates[bs]
+def draft_decode_metadata(original, self, forward_batch, in_capture=False):
+    """AROUND ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``."""
+    state = peek(self, MultiStepState)
+    if in_capture:
+        result = original(self, forward_batch, in_capture=True)
+        _capture(self, forward_batch)
+        return result
+    bs = forward_batch.batch_size
+    plan = state.batch_sizes.get(bs)
+    if plan is not None and plan.reason is None:
+        try:
+            write_draft_decode_metadata(self, forward_batch, plan)
+            return None
+        except Exception as exc:  # never take the server down: rewrite every buffer another way
+            plan.reason = f"the one launch raised {type(exc).__name__}: {exc}"
+            log_failure(
+                ("one-launch-failed", id(self), bs),
+                exc,
+                "sglang_dsa_mtp: MTP draft-decode metadata for bs %d %s from now on: the one "
+                "launch raised",
+                bs,
+                _other_path(state),
+            )
+    if state.steps_dropped:
+        _replay_each_step(self, forward_batch, bs)
+        return None
+    return original(self, forward_batch, in_capture=False)
 
 
-def _report(multi, bs: int, gates: dict) -> None:
-    """The multi-step backend's start-up line at its first decided bs; a line per later bs that
-    decides otherwise."""
-    reason = gates[bs]
-    outcome = (
-        "uses one launch" if reason is None else f"keeps SGLang's precompute + copies: {reason}"
-    )
-    if len(gates) > 1:
-        first = next(iter(gates.values()))
-        if (reason is None) != (first is None):
+def _other_path(state: MultiStepState) -> str:
+    """What a batch size the one launch does not write takes instead, in words."""
+    if state.steps_dropped:
+        return "replays each step backend's own metadata (the step backends have no page_table_1)"
+    return "keeps SGLang's precompute + copies"
+
+
+def _capture(multi, forward_batch) -> None:
+    """At the capture of a bs: decide its path, cache the one launch's arguments, compile its
+    variant (outside stream capture); say what was decided."""
+    bs = forward_batch.batch_size
+    state = state_of(multi, MultiStepState)
+    try:
+        plan = DraftDecodeBs(why_not_one_launch(multi, bs))
+        if plan.reason is None:
+            plan.metadata = [
+                backend.decode_cuda_graph_metadata[bs] for backend in multi.attn_backends
+            ]
+            plan.launch = one_launch_kwargs(multi, plan.metadata, bs)
+    except Exception as exc:  # never take the capture down: another path writes this bs
+        plan = DraftDecodeBs(f"deciding it raised {type(exc).__name__}: {exc}")
+    state.batch_sizes[bs] = plan
+    _report(multi, state, bs)
+    if plan.reason is None:
+        _warm_up_one_launch(multi, state, forward_batch, plan, bs)
+
+
+def _report(multi, state: MultiStepState, bs: int) -> None:
+    """The multi-step backend's start-up line at its first captured bs; a line per later capture
+    that decides otherwise than that line said."""
+    reason = state.batch_sizes[bs].reason
+    outcome = "uses one launch" if reason is None else f"{_other_path(state)}: {reason}"
+    if state.one_launch_logged is not None:
+        if (reason is None) != state.one_launch_logged:
             logger.info("sglang_dsa_mtp: MTP draft-decode metadata for bs %d %s", bs, outcome)
         return
+    state.one_launch_logged = reason is None
     logger.info(
         "sglang_dsa_mtp: one-launch MTP draft-decode metadata %s for the MTP draft-decode "
         "backend (%s); first captured bs %d %s",
         "on" if reason is None else "off",
-        _facts(multi),
+        _facts(multi, state),
         bs,
         outcome,
     )
 
 
-def _facts(multi) -> str:
+def _facts(multi, state: MultiStepState) -> str:
     """What decides the one-launch path and what it does per step, for the log."""
     backends = getattr(multi, "attn_backends", [])
     facts = [f"{len(backends)} step backends"]
-    if hasattr(multi, SEEDED):
+    if state.seeded is not None:
         facts.append(
             "seeded steps: indexer plans not refreshed"
-            if getattr(multi, SEEDED)
+            if state.seeded
             else "unseeded steps: indexer plans refreshed once per round, copied to every step"
         )
     if backends:
@@ -154,40 +205,10 @@ def _facts(multi) -> str:
     return ", ".join(facts)
 
 
-def one_launch_out_graph(original, self, forward_batch, in_capture=False):
-    """AROUND ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``."""
-    bs = forward_batch.batch_size
-    if in_capture:
-        result = original(self, forward_batch, in_capture=True)
-        if _decide(self, bs) is None:
-            _warm_up_one_launch(self, forward_batch, bs)
-        return result
-    if _decide(self, bs) is not None:
-        return original(self, forward_batch, in_capture=False)
-    try:
-        write_draft_decode_metadata(self, forward_batch, bs)
-    except Exception as exc:  # never take the server down: SGLang's path rewrites every buffer
-        _fall_back(self, bs, f"the one launch raised {type(exc).__name__}: {exc}")
-        return original(self, forward_batch, in_capture=False)
-    return None
-
-
-def _fall_back(multi, bs: int, reason: str) -> None:
-    """``bs`` takes SGLang's precompute + copies for good; logged once at ERROR."""
-    getattr(multi, GATES)[bs] = reason
-    log_once(
-        logging.ERROR,
-        ("one-launch-failed", id(multi), bs),
-        "sglang_dsa_mtp: MTP draft-decode metadata for bs %d falls back to SGLang's path: %s",
-        bs,
-        reason,
-    )
-
-
-def _warm_up_one_launch(multi, forward_batch, bs: int) -> None:
+def _warm_up_one_launch(multi, state, forward_batch, plan: DraftDecodeBs, bs: int) -> None:
     """Compile the one launch's kernel variant for ``bs`` on twin buffers, outside stream capture
-    (inside one: skipped, its first replay compiles); a warm-up that raises sends ``bs`` to
-    SGLang's path, as the replay would."""
+    (inside one: skipped, its first replay compiles); a warm-up that raises sends ``bs`` to another
+    path, as the replay would."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         log_once(
             logging.WARNING,
@@ -198,21 +219,29 @@ def _warm_up_one_launch(multi, forward_batch, bs: int) -> None:
         return
     try:
         warm_up(
-            fused_dsa_draft_decode_metadata_multi, **one_launch_kwargs(multi, forward_batch, bs)
+            fused_dsa_draft_decode_metadata_multi,
+            seq_lens=forward_batch.seq_lens,
+            req_pool_indices=forward_batch.req_pool_indices,
+            **plan.launch,
         )
     except Exception as exc:
-        _fall_back(multi, bs, f"its warm-up raised {type(exc).__name__}: {exc}")
+        plan.reason = f"its warm-up raised {type(exc).__name__}: {exc}"
+        log_failure(
+            ("one-launch-warm-up-failed", id(multi), bs),
+            exc,
+            "sglang_dsa_mtp: MTP draft-decode metadata for bs %d %s: compiling the one launch "
+            "raised",
+            bs,
+            _other_path(state),
+        )
 
 
-def one_launch_kwargs(multi, forward_batch, bs: int) -> dict:
-    """The one launch's keyword arguments for a replay of ``bs``."""
-    backends = multi.attn_backends
-    metas = [backend.decode_cuda_graph_metadata[bs] for backend in backends]
-    first, m0 = backends[0], metas[0]
+def one_launch_kwargs(multi, metas, bs: int) -> dict:
+    """The one launch's keyword arguments for the replays of ``bs``, but ``seq_lens`` and
+    ``req_pool_indices`` (each replay's inputs)."""
+    first, m0 = multi.attn_backends[0], metas[0]
     page_size = first.physical_page_size
     return dict(
-        seq_lens=forward_batch.seq_lens,
-        req_pool_indices=forward_batch.req_pool_indices,
         req_to_token=first.req_to_token,
         destinations=[
             DecodeMetadataDestination(
@@ -232,24 +261,36 @@ def one_launch_kwargs(multi, forward_batch, bs: int) -> dict:
     )
 
 
-def write_draft_decode_metadata(multi, forward_batch, bs: int) -> None:
-    """The one-launch replay: every step backend's metadata for ``bs``, then its per-step work."""
-    backends = multi.attn_backends
-    metas = [backend.decode_cuda_graph_metadata[bs] for backend in backends]
+def write_draft_decode_metadata(multi, forward_batch, plan: DraftDecodeBs) -> None:
+    """The one-launch replay: every step backend's metadata for the batch, then its per-step work."""
+    backends, metas = multi.attn_backends, plan.metadata
+    bs = plan.launch["bs"]
     first, m0 = backends[0], metas[0]
     for backend in backends:
         backend.set_dsa_prefill_impl(forward_batch=None)
-    fused_dsa_draft_decode_metadata_multi(**one_launch_kwargs(multi, forward_batch, bs))
+    fused_dsa_draft_decode_metadata_multi(
+        seq_lens=forward_batch.seq_lens,
+        req_pool_indices=forward_batch.req_pool_indices,
+        **plan.launch,
+    )
     if first.dsa_decode_impl == "flashmla_kv":
         flashmla = first._compute_flashmla_metadata(
             cache_seqlens=m0.dsa_cache_seqlens_int32[:bs], seq_len_q=1
         )
         for m in metas:
             m.flashmla_metadata.slice(slice(0, bs + 1)).copy_(flashmla)
-    if not getattr(multi, SEEDED):
+    if not peek(multi, MultiStepState).seeded:
         refresh_indexer_plans_once(backends, metas, bs)
     for backend, m in zip(backends, metas):
         backend.forward_metadata = m
+
+
+def _replay_each_step(multi, forward_batch, bs: int) -> None:
+    """Each step backend replays its own decode metadata (SGLang's per-backend replay, which needs
+    no wide table), instead of SGLang's precompute + copies, which would read the dropped tables."""
+    view = build_inner_fb_view(forward_batch, bs=bs, forward_mode=ForwardMode.DECODE)
+    for backend in multi.attn_backends:
+        backend.init_forward_metadata_out_graph(view)
 
 
 # The indexer's per-step plans: each is recomputed from the step's lengths (identical in every step

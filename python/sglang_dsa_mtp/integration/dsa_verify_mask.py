@@ -23,10 +23,11 @@ Readers of the mask's cells in 0.5.23, and what happens to each:
   (``verify_tree_greedy`` reads ``retrieve_*`` and the candidates), the single-node verify input of
   ``eagle_worker_v2`` and the PP relay (both handle either layout): unaffected.
 
-Three hooks: AFTER ``__init__`` records whether the backend belongs to a draft runner (SGLang does not
-store it), AFTER ``init_cuda_graph_state`` creates the mask, and the attribute row ``verify_mask`` (a
-property on ``DeepseekSparseAttnBackend`` shadowing ``AttentionBackend.verify_mask``) hands it out;
-it returns None, as stock, wherever no mask was created.
+The AFTER hook on ``__init__`` records whether the backend belongs to a draft runner (SGLang does
+not store it); the live-width hook on ``init_cuda_graph_state`` (``dsa_graph_page_tables``) calls
+:func:`create_verify_mask` after SGLang's graph state is built; the attribute row ``verify_mask`` (a
+property on ``DeepseekSparseAttnBackend`` shadowing ``AttentionBackend.verify_mask``) hands the mask
+out. It is None, as stock, wherever no mask was created.
 """
 
 from __future__ import annotations
@@ -37,13 +38,10 @@ import logging
 from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 from sglang.srt.layers.attention.verify_mask import maybe_create_verify_mask
 from sglang.srt.runtime_context import get_exec, get_spec
-from sglang.srt.utils import is_cuda, is_hip
 
-from sglang_dsa_mtp.integration.log import log_once
+from sglang_dsa_mtp.integration.state import BackendState, peek, state_of
+from sglang_dsa_mtp.log import log_failure, log_once
 from sglang_dsa_mtp.switches import LIVE_WIDTH
-
-RUNNER = "_sglang_dsa_mtp_runner"  # (is_draft_runner, skip_prefill), as the constructor got them
-MASK = "_sglang_dsa_mtp_verify_mask"  # the VerifyMask this backend hands out, or None
 
 
 def remember_runner(result, backend, *args, **kwargs):
@@ -51,7 +49,7 @@ def remember_runner(result, backend, *args, **kwargs):
     bound = inspect.signature(DeepseekSparseAttnBackend.__init__).bind(backend, *args, **kwargs)
     bound.apply_defaults()
     runner = bound.arguments["model_runner"]
-    backend.__dict__[RUNNER] = (
+    state_of(backend, BackendState).runner = (
         bool(getattr(runner, "is_draft_worker", False)),
         bool(bound.arguments["skip_prefill"]),
     )
@@ -59,7 +57,7 @@ def remember_runner(result, backend, *args, **kwargs):
 
 
 def _verify_mask(backend):
-    return backend.__dict__.get(MASK)
+    return peek(backend, BackendState).verify_mask
 
 
 # The attribute row: DeepseekSparseAttnBackend.verify_mask (shadows AttentionBackend.verify_mask).
@@ -68,14 +66,13 @@ verify_mask = property(_verify_mask, doc="The QLEN_ONLY, not-read verify mask, o
 
 def why_not_verify_mask(backend) -> str | None:
     """Why this backend keeps SGLang's verify path (no mask of its own), or None."""
-    enabled, why = LIVE_WIDTH.state()
-    if not enabled:
-        return why
-    if is_hip() or not is_cuda():
-        return "not a CUDA platform"
-    if RUNNER not in backend.__dict__:
+    blocker = LIVE_WIDTH.blocker()
+    if blocker is not None:
+        return blocker
+    runner = peek(backend, BackendState).runner
+    if runner is None:
         return "the backend was built before the plugin's hooks applied"
-    is_draft, skip_prefill = backend.__dict__[RUNNER]
+    is_draft, skip_prefill = runner
     if is_draft or skip_prefill:
         return "a draft backend: only the target verifies"
     if not backend.speculative_num_draft_tokens:
@@ -92,14 +89,15 @@ def why_not_verify_mask(backend) -> str | None:
     return None
 
 
-def create_verify_mask(result, backend, max_bs, max_num_tokens, *args, **kwargs):
-    """AFTER ``DeepseekSparseAttnBackend.init_cuda_graph_state``: the target's not-read mask."""
-    backend.__dict__[MASK] = None
+def create_verify_mask(backend, max_bs: int) -> None:
+    """After SGLang's ``init_cuda_graph_state``: the target's not-read mask, or none (stock)."""
+    state = state_of(backend, BackendState)
+    state.verify_mask = None
     try:
         reason = why_not_verify_mask(backend)
         if reason is None:
-            is_draft, skip_prefill = backend.__dict__[RUNNER]
-            backend.__dict__[MASK] = maybe_create_verify_mask(
+            is_draft, skip_prefill = state.runner
+            state.verify_mask = maybe_create_verify_mask(
                 is_draft_runner=is_draft,
                 skip_prefill=skip_prefill,
                 max_bs=max_bs,
@@ -109,15 +107,13 @@ def create_verify_mask(result, backend, max_bs, max_num_tokens, *args, **kwargs)
                 is_read=False,
             )
     except Exception as exc:  # never take the server down: no mask is SGLang's path
-        backend.__dict__[MASK] = None
-        log_once(
-            logging.ERROR,
+        state.verify_mask = None
+        log_failure(
             ("verify-mask-failed", type(exc).__name__, str(exc)),
-            "sglang_dsa_mtp: the DSA verify mask keeps SGLang's FULL_MASK path: %s: %s",
-            type(exc).__name__,
             exc,
+            "sglang_dsa_mtp: the DSA verify mask keeps SGLang's FULL_MASK path",
         )
-        return result
+        return
     if reason is None:
         log_once(
             logging.INFO,
@@ -134,4 +130,3 @@ def create_verify_mask(result, backend, max_bs, max_num_tokens, *args, **kwargs)
             "sglang_dsa_mtp: the DSA verify tree mask stays SGLang's (FULL_MASK): %s",
             reason,
         )
-    return result

@@ -10,8 +10,8 @@ Four hooks (the processor side is ``draft_argmax_exchange``):
   do other draft models (a standalone draft, which subclasses this worker, may post-process its
   logits in its forward).
 - AROUND ``draft_topk1_postprocess`` (the draft-decode pick, called inside the draft-decode graph):
-  on an exchange stand-in, ``draft_argmax_finalize`` with SGLang's ``sanitize`` rule (NaN counts as
-  -1e30), writing the same ``topk_p``, ``topk_index``, draft-token column and positions.
+  on an exchange stand-in, the finalize with SGLang's ``sanitize`` rule (NaN counts as -1e30),
+  writing the same ``topk_p``, ``topk_index``, draft-token column and positions.
 - AROUND ``EAGLEDraftExtendCudaGraphRunner.execute``: the runner rebuilds the output from the graph's
   logits and hidden states; the partials are put back (``next_token_argmax_partials``) and, when
   ``_draft_extend_for_decode`` asked for it, the token is picked right after the replay with the
@@ -40,10 +40,9 @@ import torch
 from sglang.srt.environ import envs
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
-from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.srt.runtime_context import get_flags, get_parallel, get_spec
-from sglang.srt.utils import is_cuda, is_hip
 
+from sglang_dsa_mtp.hooks import unapplied_hooks
 from sglang_dsa_mtp.integration.draft_argmax_exchange import (
     DEFAULT_MAX_ROWS,
     ExchangeDecision,
@@ -52,7 +51,7 @@ from sglang_dsa_mtp.integration.draft_argmax_exchange import (
     opt_in,
 )
 from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group
-from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_finalize
+from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import launch_finalize
 from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
 
 # Draft models whose forward returns the LogitsProcessor's output untouched (checked in 0.5.23).
@@ -77,14 +76,12 @@ _PENDING_PICK: contextvars.ContextVar[Optional[_Pick]] = contextvars.ContextVar(
 
 def why_not_exchange(worker) -> Optional[str]:
     """Why this draft worker's greedy picks must keep reading gathered logits, or None."""
-    enabled, why = DRAFT_ARGMAX_EXCHANGE.state()
-    if not enabled:
-        return why
-    unapplied = _unapplied_hooks()
+    blocker = DRAFT_ARGMAX_EXCHANGE.blocker()
+    if blocker is not None:
+        return blocker
+    unapplied = unapplied_hooks(DRAFT_ARGMAX_EXCHANGE)
     if unapplied:
         return f"SGLang did not apply the plugin's hooks on {', '.join(unapplied)}"
-    if is_hip() or not is_cuda():
-        return "not a CUDA platform (the topk=1 draft paths differ there)"
     if worker.topk != 1:
         return f"--speculative-eagle-topk is {worker.topk}: drafts need probabilities"
     if worker.hot_token_id is not None:
@@ -108,19 +105,6 @@ def why_not_exchange(worker) -> Optional[str]:
     if getattr(model, "lm_head", None) is None:
         return f"the draft model {type(model).__name__} has no `lm_head`"
     return None
-
-
-def _unapplied_hooks() -> list[str]:
-    """The feature's hook targets SGLang's ``HookRegistry`` has not patched (it logs and skips a
-    target that fails): partials must never reach a consumer that was left unhooked."""
-    from sglang_dsa_mtp.plugin import HOOKS
-
-    patched = getattr(HookRegistry, "_patched", set())
-    return [
-        row.target
-        for row in HOOKS
-        if row.switch is DRAFT_ARGMAX_EXCHANGE and row.target not in patched
-    ]
 
 
 def _captured_rows(worker) -> list[int]:
@@ -186,7 +170,7 @@ def draft_decode_pick(original, next_token_logits, positions, *args, **kwargs):
     exchange = exchange_of(next_token_logits)
     if exchange is None:
         return original(next_token_logits, positions, *args, **kwargs)
-    return draft_argmax_finalize(exchange, positions, *args, **kwargs, nan_policy="sanitize")
+    return launch_finalize(exchange, positions, *args, **kwargs, propagate_nan=False)
 
 
 def draft_extend_replay_pick(original, runner, *args, **kwargs):
@@ -199,7 +183,7 @@ def draft_extend_replay_pick(original, runner, *args, **kwargs):
     out.next_token_argmax_partials = exchange
     pick = _PENDING_PICK.get()
     if pick is not None:
-        pick.topk_p, pick.topk_index = draft_argmax_finalize(exchange, nan_policy="propagate")
+        pick.topk_p, pick.topk_index = launch_finalize(exchange, propagate_nan=True)
         out.next_token_logits = torch.empty(
             out.next_token_logits.shape, dtype=torch.float32, device="meta"
         )

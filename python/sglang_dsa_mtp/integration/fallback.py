@@ -1,7 +1,7 @@
 """SGLang's own kernel behind each of ours, per batch size: the replay path never raises because of us.
 
 The bounded replay-metadata kernels run inside SGLang's ``_apply_cuda_graph_metadata`` before every
-CUDA-graph replay, where an exception would take the server down. :func:`with_fallback` wraps one of
+CUDA-graph replay, where an exception would take the server down. :class:`Fallback` wraps one of
 them: called with SGLang's arguments, it runs ours; if ours raises, it logs the reason once at ERROR
 and runs the kernel SGLang had selected with the same arguments instead, then and at every later call
 with that ``bs``. SGLang's kernel writes the whole region ours writes (the outputs are bit-identical
@@ -12,41 +12,38 @@ This module imports no SGLang code, so that the host-time benchmark times what t
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
-from sglang_dsa_mtp.integration.log import log_once
+from sglang_dsa_mtp.log import log_failure
 
 
-def with_fallback(ours: Callable, sglang: Callable, *, what: str) -> Callable:
+class Fallback:
     """``ours`` with ``sglang`` as its per-``bs`` fallback; ``what`` names the operation in the log.
 
-    The returned callable has ``ours``, ``sglang``, ``failed`` (the batch sizes that fell back) and
-    ``fall_back(bs, exc)``, which sends ``bs`` to SGLang's kernel for good (used when ours raises,
-    at a replay or at its warm-up) and logs why, once.
-    """
-    failed: set = set()
+    ``failed`` holds the batch sizes that fell back; :meth:`fall_back` sends one there for good
+    (when ours raises, at a replay or at its warm-up) and logs why, once."""
 
-    def fall_back(bs, exc: BaseException) -> None:
-        failed.add(bs)
-        log_once(
-            logging.ERROR,
-            ("fallback", id(failed), bs),
-            "sglang_dsa_mtp: %s for bs %s falls back to SGLang's kernel: ours raised %s: %s",
-            what,
-            bs,
-            type(exc).__name__,
-            exc,
-        )
+    __slots__ = ("ours", "sglang", "what", "failed")
 
-    def call(*args, **kwargs):
+    def __init__(self, ours: Callable, sglang: Callable, *, what: str):
+        self.ours, self.sglang, self.what = ours, sglang, what
+        self.failed: set = set()
+
+    def __call__(self, *args, **kwargs):
         bs = kwargs.get("bs")
-        if bs not in failed:
+        if bs not in self.failed:
             try:
-                return ours(*args, **kwargs)
+                return self.ours(*args, **kwargs)
             except Exception as exc:  # never take the server down: SGLang's kernel takes over
-                fall_back(bs, exc)
-        return sglang(*args, **kwargs)
+                self.fall_back(bs, exc)
+        return self.sglang(*args, **kwargs)
 
-    call.ours, call.sglang, call.failed, call.fall_back = ours, sglang, failed, fall_back
-    return call
+    def fall_back(self, bs, exc: BaseException) -> None:
+        self.failed.add(bs)
+        log_failure(
+            ("fallback", id(self), bs),
+            exc,
+            "sglang_dsa_mtp: %s for bs %s falls back to SGLang's kernel: ours raised",
+            self.what,
+            bs,
+        )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 

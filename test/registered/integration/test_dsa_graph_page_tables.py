@@ -4,7 +4,7 @@ backends.
 The backends are built by SGLang's own constructors (the target through its attention registry, the
 draft-extend and multi-step backends through its ``DraftBackendFactory``) in a published EAGLE launch,
 get their graph state from SGLang's ``init_cuda_graph_state``, and are captured and replayed through
-SGLang's own graph entry points, on the CPU (``sglang_dsa_mtp.test.dsa_launch``). Each comparison
+SGLang's own graph entry points, on the CPU (``sglang_dsa_mtp.testing.dsa_backends``). Each comparison
 builds the same server twice, ``SGLANG_DSA_LIVE_WIDTH`` on and off, replays the same rounds, and
 compares what SGLang's kernels read from every captured batch size's metadata.
 """
@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
@@ -24,12 +24,12 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.srt.runtime_context import get_spec
 
-from sglang_dsa_mtp import plugin
-from sglang_dsa_mtp.integration import dsa_graph_page_tables as tables
+from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
+from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, peek
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH
-from sglang_dsa_mtp.test import dsa_launch as kit
-from sglang_dsa_mtp.test.metadata_cases import kernel_for
+from sglang_dsa_mtp.testing import dsa_backends as kit
+from sglang_dsa_mtp.testing.metadata_cases import kernel_for
 
 CONTEXT = 300  # page tables 309 columns wide at EAGLE 4/1/5 (5 pages of 64)
 MAX_BS = 4
@@ -141,7 +141,7 @@ def real_table_width(backend):
 
 
 def test_the_live_width_switch_hooks_the_graph_state_of_both_dsa_backend_classes():
-    targets = {row.target for row in plugin.HOOKS if row.switch is LIVE_WIDTH}
+    targets = {row.target for row in hooks.rows_of(LIVE_WIDTH)}
     dsa = "sglang.srt.layers.attention.dsa_backend"
     assert {
         f"{dsa}.DeepseekSparseAttnBackend.init_cuda_graph_state",
@@ -169,8 +169,8 @@ def test_spec_backends_drop_the_wide_table_as_sglang_does_outside_spec_mode(serv
             for bs in CAPTURED:
                 assert graph[bs].page_table_1 is None, f"{name} bs {bs}"
                 assert graph[bs].real_page_table._base is shared, f"{name} bs {bs}"
-            assert vars(backend)[tables.SHARED_REAL] is None, name
-        assert vars(state[2])[tables.STEPS_DROPPED]
+            assert peek(backend, BackendState).shared_real_page_table is None, name
+        assert peek(state[2], MultiStepState).steps_dropped
 
 
 def test_the_switch_off_keeps_sglangs_spec_graph_state(server):
@@ -222,8 +222,8 @@ def test_step_backends_keep_the_table_for_sglangs_draft_decode_precompute(
     assert target.dsa_drop_wide_page_table and extend.dsa_drop_wide_page_table
     for step in multi.attn_backends:
         assert not step.dsa_drop_wide_page_table
-        assert why in vars(step)[tables.STEP_READER]
-    assert not vars(multi)[tables.STEPS_DROPPED]
+        assert why in peek(step, BackendState).step_reader
+    assert not peek(multi, MultiStepState).steps_dropped
 
 
 def test_step_backends_keep_the_table_when_sglang_did_not_apply_the_one_launch_hook(server):
@@ -236,7 +236,10 @@ def test_step_backends_keep_the_table_when_sglang_did_not_apply_the_one_launch_h
     with kit.serving():
         _, _, multi = graph_state()
     assert not any(step.dsa_drop_wide_page_table for step in multi.attn_backends)
-    assert "is not hooked" in vars(multi.attn_backends[0])[tables.STEP_READER]
+    assert (
+        f"SGLang did not apply the plugin's hooks on {owner}.init_forward_metadata_out_graph"
+        in peek(multi.attn_backends[0], BackendState).step_reader
+    )
 
 
 def test_a_step_batch_size_the_one_launch_declines_replays_each_step_backend(server, caplog):
@@ -246,14 +249,17 @@ def test_a_step_batch_size_the_one_launch_declines_replays_each_step_backend(ser
         on, ours, _, stock = both_arms(server, seeded=False)
     assert all(step.dsa_drop_wide_page_table for step in on[2].attn_backends)
     assert_same_reads(ours, stock)
-    assert "each step backend replays its own (no one launch" in caplog.text
+    assert (
+        "replays each step backend's own metadata (the step backends have no page_table_1): "
+        "declined for the test"
+    ) in caplog.text
 
 
 def test_a_failing_one_launch_replays_each_step_backend_and_never_raises(server, caplog):
     """Unseeded steps (every step refreshes its indexer plans on both paths)."""
     write = mtp.write_draft_decode_metadata
 
-    def broken(multi, forward_batch, bs):
+    def broken(multi, forward_batch, plan):
         raise RuntimeError("broken for the test")
 
     with kit.serving(), caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
@@ -266,9 +272,13 @@ def test_a_failing_one_launch_replays_each_step_backend_and_never_raises(server,
         stock = replay_rounds(off) + replay_rounds(off)
     assert all(step.dsa_drop_wide_page_table for step in on[2].attn_backends)
     assert_same_reads(ours, stock)
-    assert caplog.text.count("the step backends have no page_table_1): AttributeError") == len(
-        {len(round_[0]) for round_ in ROUNDS}
-    ), "once per batch size, then straight to each step's replay"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        f"sglang_dsa_mtp: MTP draft-decode metadata for bs {bs} replays each step backend's own "
+        "metadata (the step backends have no page_table_1) from now on: the one launch raised: "
+        "RuntimeError: broken for the test"
+        for bs in dict.fromkeys(len(round_[0]) for round_ in ROUNDS)
+    ], "one accurate line per batch size, then straight to each step's replay"
 
 
 # --- readers keep the wide table, and then get one real_page_table per backend ----------------------
@@ -304,7 +314,7 @@ def test_page_size_1_keeps_the_table_that_is_its_only_page_table(server):
         graph = backend.decode_cuda_graph_metadata
         assert not backend.dsa_drop_wide_page_table, name
         assert graph[1].real_page_table is graph[1].page_table_1, name
-        assert vars(backend)[tables.SHARED_REAL] is None, name
+        assert peek(backend, BackendState).shared_real_page_table is None, name
 
 
 @pytest.mark.parametrize("reader", ["unfused-topk", "kpool-4"])
@@ -316,7 +326,7 @@ def test_a_kept_wide_table_shares_one_real_page_table_per_backend(server, reader
         state = graph_state(**case.get("state", {}))
     tokens = 5
     for name, backend in backends(state):
-        shared = vars(backend)[tables.SHARED_REAL]
+        shared = peek(backend, BackendState).shared_real_page_table
         rows = MAX_BS * (1 if name.startswith("draft step") else tokens)
         assert shared.shape == (rows, real_table_width(backend)), name
         for bs in CAPTURED:
@@ -328,7 +338,7 @@ def test_the_shared_real_page_table_gives_sglangs_kernels_the_same_metadata(serv
     server.setenv("SGLANG_OPT_USE_TOPK_V2", "0")
     with kit.serving():
         on, ours, _, stock = both_arms(server)
-    assert all(vars(b)[tables.SHARED_REAL] is not None for _, b in backends(on))
+    assert all(peek(b, BackendState).shared_real_page_table is not None for _, b in backends(on))
     assert_same_reads(ours, stock)
 
 
@@ -352,7 +362,7 @@ def test_not_cuda_keeps_sglangs_graph_state(server, set_platform):
         state = graph_state()
     for name, backend in backends(state):
         assert not backend.dsa_drop_wide_page_table, name
-        assert vars(backend)[tables.SHARED_REAL] is None, name
+        assert peek(backend, BackendState).shared_real_page_table is None, name
 
 
 def test_without_speculative_decoding_sglang_decides_alone(server):
@@ -370,13 +380,13 @@ def test_without_speculative_decoding_sglang_decides_alone(server):
 def test_an_error_in_sglangs_drop_branch_runs_its_spec_allocation_and_restores_the_spec_flag(
     server, caplog
 ):
-    calls = []
+    calls, stand_in = [], DeepseekSparseAttnBackend._compute_flashmla_metadata
 
     def flaky(self, cache_seqlens, seq_len_q):
         calls.append(self.speculative_num_draft_tokens)
         if len(calls) == 1:
             raise RuntimeError("flaky for the test")
-        return kit._flashmla_stand_in(self, cache_seqlens, seq_len_q)
+        return stand_in(self, cache_seqlens, seq_len_q)
 
     server.setattr(DeepseekSparseAttnBackend, "_compute_flashmla_metadata", flaky)
     with kit.serving(), caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):

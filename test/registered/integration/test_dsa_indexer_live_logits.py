@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
@@ -34,11 +34,11 @@ from sglang.srt.runtime_context import get_context
 from transformers.models.deepseek_v32.configuration_deepseek_v32 import DeepseekV32Config
 from transformers.models.glm_moe_dsa.configuration_glm_moe_dsa import GlmMoeDsaConfig
 
-from sglang_dsa_mtp import plugin
+from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_indexer_live_logits as hook
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 from sglang_dsa_mtp.switches import LIVE_WIDTH
-from sglang_dsa_mtp.test.indexer_cases import schedule_stand_in
+from sglang_dsa_mtp.testing.indexer_cases import schedule_stand_in
 
 SM_COUNT = 4
 PAGES_PER_ROW = 34
@@ -194,7 +194,7 @@ def stock_and_ours(hooked, indexer, batch):
 
 
 def test_plugin_hooks_the_split_function_and_the_indexer_constructor():
-    rows = {(row.target, row.hook_type.value) for row in plugin.HOOKS if row.switch is LIVE_WIDTH}
+    rows = {(row.target, row.hook_type.value) for row in hooks.rows_of(LIVE_WIDTH)}
     assert (SPLIT, "around") in rows
     assert ("sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.__init__", "after") in rows
 
@@ -275,23 +275,93 @@ def test_a_kernel_not_compiled_at_start_up_keeps_sglang_concat(
     assert caplog.text.count("was not compiled for cpu at start-up") == 1
 
 
-def test_an_error_in_the_live_path_falls_back_to_sglang_and_is_logged_once(
-    hooked, torch_paged_mqa, caplog
+def chunks_of(batch) -> int:
+    return -(-batch.rows // SM_COUNT)
+
+
+def errors_in(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_copy_that_raises_mid_call_falls_back_to_sglang_and_its_shape_stays_there(
+    hooked, torch_paged_mqa, live_calls, caplog
 ):
+    """A launch failing after the first chunk (nothing a check finds ahead): SGLang's concat
+    answers that call, logged once; the next call of that shape goes to SGLang directly."""
     batch, indexer = chunked_batch(), build_indexer(hooked)
     hooked.setenv(LIVE_WIDTH.env, "0")
     stock = batch.topk(indexer)
     hooked.delenv(LIVE_WIDTH.env)
+    launch, launches = live._launch_copy, []
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("boom")
+    def second_launch_raises(*args):
+        launches.append(args)
+        if len(launches) == 2:
+            raise RuntimeError("boom")
+        return launch(*args)
 
-    hooked.setattr(live, "copy_live_logits", broken)
-    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+    hooked.setattr(live, "_launch_copy", second_launch_raises)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         assert torch.equal(batch.topk(indexer), stock)
         assert torch.equal(batch.topk(indexer), stock)
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and "RuntimeError: boom" in errors[0].getMessage()
+    assert len(live_calls) == 1 and len(launches) == 2, "the second call never tried ours"
+    [error] = errors_in(caplog)
+    assert error.endswith("SGLang's concat takes calls of that shape: RuntimeError: boom")
+
+
+def test_a_chunk_the_kernel_does_not_take_is_copied_whole_without_recomputing(
+    hooked, torch_paged_mqa, live_calls, caplog
+):
+    """DeepGEMM's chunks always fit the copy kernel's one variant; should one not, it is copied
+    whole (as torch.cat copies it), every chunk is computed once, and the shape goes to SGLang."""
+    batch, indexer = chunked_batch(), build_indexer(hooked)
+    hooked.setenv(LIVE_WIDTH.env, "0")
+    stock = batch.topk(indexer)
+    hooked.delenv(LIVE_WIDTH.env)
+    computed = []
+    resolve = dsa_indexer.resolve_fp8_paged_mqa_logits_fn
+
+    def odd_row_stride(q, *args, **kwargs):
+        computed.append(q.shape[0])
+        logits = resolve()(q, *args, **kwargs)
+        padded = torch.zeros(logits.shape[0], logits.shape[1] + 1)
+        padded[:, : logits.shape[1]] = logits
+        return padded[:, : logits.shape[1]]
+
+    hooked.setattr(dsa_indexer, "resolve_fp8_paged_mqa_logits_fn", lambda: odd_row_stride)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        assert torch.equal(batch.topk(indexer), stock)
+        first = len(computed)
+        assert torch.equal(batch.topk(indexer), stock)
+    assert first == chunks_of(batch), "each chunk computed once"
+    assert len(live_calls) == 1, "the next call of the shape went to SGLang"
+    [error] = errors_in(caplog)
+    assert "a chunk of indexer logits was copied whole" in error and "row stride" in error
+
+
+def test_every_argument_is_checked_before_the_first_chunk(
+    hooked, torch_paged_mqa, live_calls, caplog
+):
+    """An argument that fails its check costs no logits computation of ours."""
+    batch, indexer = chunked_batch(), build_indexer(hooked)
+    computed = []
+    resolve = dsa_indexer.resolve_fp8_paged_mqa_logits_fn
+
+    def counting(q, *args, **kwargs):
+        computed.append(q.shape[0])
+        return resolve()(q, *args, **kwargs)
+
+    def bad_destination(*args):
+        raise ValueError("lengths needs more entries")
+
+    hooked.setattr(dsa_indexer, "resolve_fp8_paged_mqa_logits_fn", lambda: counting)
+    hooked.setattr(live, "_check_destination", bad_destination)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        batch.topk(indexer)
+    sglang_chunks = [min(SM_COUNT, batch.rows - s) for s in range(0, batch.rows, SM_COUNT)]
+    assert computed == sglang_chunks, "SGLang's chunks only"
+    [error] = errors_in(caplog)
+    assert error.endswith("ValueError: lengths needs more entries")
 
 
 def test_another_logits_function_takes_sglang_path(hooked, live_calls):
@@ -326,8 +396,7 @@ def test_sglang_closure_yields_the_indexer_sm_count_and_block_size(hooked, torch
 
 def test_building_an_indexer_compiles_the_kernel_on_a_cuda_device(hooked, torch_paged_mqa):
     warmed = []
-    hooked.setattr(torch.cuda, "is_available", lambda: True)
-    hooked.setattr(torch.cuda, "current_device", lambda: 0)
+    hooked.setattr(hook, "weights_device", lambda module: torch.device("cuda", 0))
     hooked.setattr(live, "is_warm", lambda device: False)
     hooked.setattr(live, "warm_up", warmed.append)
     build_indexer(hooked)
@@ -340,8 +409,7 @@ def test_a_failed_start_up_compile_is_logged_and_the_indexer_still_builds(
     def broken(device):
         raise RuntimeError("no compiler")
 
-    hooked.setattr(torch.cuda, "is_available", lambda: True)
-    hooked.setattr(torch.cuda, "current_device", lambda: 0)
+    hooked.setattr(hook, "weights_device", lambda module: torch.device("cuda", 0))
     hooked.setattr(live, "is_warm", lambda device: False)
     hooked.setattr(live, "warm_up", broken)
     with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
@@ -350,21 +418,30 @@ def test_a_failed_start_up_compile_is_logged_and_the_indexer_still_builds(
     assert "no compiler" in caplog.text
 
 
-def test_on_the_cpu_building_an_indexer_compiles_nothing(hooked, torch_paged_mqa):
+def test_an_indexer_built_on_the_cpu_compiles_nothing(hooked, torch_paged_mqa):
     hooked.setattr(live, "warm_up", lambda device: pytest.fail("warm_up ran without CUDA"))
+    assert hook.weights_device(build_indexer(hooked)).type == "cpu"
+
+
+def test_off_cuda_building_an_indexer_compiles_nothing(hooked, torch_paged_mqa, set_platform):
+    set_platform(cuda=False, hip=True)
+    hooked.setattr(hook, "weights_device", lambda module: torch.device("cuda", 0))
+    hooked.setattr(live, "warm_up", lambda device: pytest.fail("warm_up ran off CUDA"))
     build_indexer(hooked)
 
 
 # --- the facts docs/indexer-cliff.md maps (SGLang 0.5.23's own code) --------------------------------
 
 
+@pytest.mark.parametrize("torch_logits", ["0", "1"], ids=["deepgemm", "torch-logits"])
 @pytest.mark.parametrize("sm100", [False, True], ids=["sm90", "sm100"])
 @pytest.mark.parametrize("mode", [ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2])
-def test_which_modes_pass_per_token_rows_to_the_split_path(monkeypatch, mode, sm100):
-    """Per-token ``(rows, 1)`` context lengths everywhere but SM100 target verify (``[B, next_n]``,
-    the native path with requests as its batch)."""
+def test_which_modes_pass_per_token_rows_to_the_split_path(monkeypatch, mode, sm100, torch_logits):
+    """Per-token ``(rows, 1)`` context lengths everywhere but SM100 target verify with DeepGEMM's
+    logits (``[B, next_n]``, the native path with requests as its batch); with
+    ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1`` SM100 target verify takes the split path too."""
     monkeypatch.setattr(dsa_backend, "get_platform", lambda: SimpleNamespace(is_sm100=sm100))
-    monkeypatch.setenv("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "0")
+    monkeypatch.setenv("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", torch_logits)
     bs, next_n = 3, 5
     seq = torch.tensor([10, 20, 30], dtype=torch.int32)
     ctx = DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens(
@@ -374,7 +451,7 @@ def test_which_modes_pass_per_token_rows_to_the_split_path(monkeypatch, mode, sm
         torch.arange(bs * next_n, dtype=torch.int32),
         bs,
     )
-    native = sm100 and mode.is_target_verify()
+    native = sm100 and mode.is_target_verify() and torch_logits == "0"
     assert tuple(ctx.shape) == ((bs, next_n) if native else (bs * next_n, 1))
 
 
@@ -391,16 +468,3 @@ def test_top_k_layers_of_deepseek_v32_and_glm5():
     assert (deepseek.num_hidden_layers, topk_layers(deepseek)) == (61, 61)
     assert (glm5.num_hidden_layers, topk_layers(glm5)) == (78, 78)
     assert topk_layers(glm5_index_share) == 21
-
-
-@pytest.mark.parametrize(
-    "num_sms,expected",
-    [(78, [20, 16, 14]), (132, [34, 27, 23]), (148, [38, 30, 25])],
-    ids=["h20", "h200", "b200"],
-)
-def test_requests_from_which_eagle_rows_are_chunked(num_sms, expected):
-    """The thresholds of docs/indexer-cliff.md: rows = requests x draft tokens > SMs."""
-    counts = [hook.first_chunked_requests(num_sms, n) for n in hook.EAGLE_DRAFT_TOKENS.values()]
-    assert counts == expected
-    for requests, n in zip(counts, hook.EAGLE_DRAFT_TOKENS.values()):
-        assert requests * n > num_sms >= (requests - 1) * n

@@ -2,7 +2,7 @@
 says once what decided its kernels.
 
 SGLang's real DSA backends, built, captured and replayed by SGLang's own code on the CPU
-(``sglang_dsa_mtp.test.dsa_backends``). Triton's interpreter compiles nothing, so these tests check
+(``sglang_dsa_mtp.testing.dsa_backends``). Triton's interpreter compiles nothing, so these tests check
 the calls: the warm-up runs once per captured batch size, outside stream capture, with the very
 arguments SGLang's replay of that batch size passes (the same buffers, inputs of the same dtype,
 shape and strides), and writes nothing the replay reads. That no compile is left for the replays is
@@ -14,18 +14,19 @@ import logging
 import pytest
 import torch
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-from sglang_dsa_mtp import plugin
+from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_metadata_capture as capture
 from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
-from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
-from sglang_dsa_mtp.test.dsa_backends import metadata_tensors
+from sglang_dsa_mtp.integration.state import MultiStepState, state_of
+from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH
+from sglang_dsa_mtp.testing.dsa_backends import metadata_tensors
 
 CAPTURED = [1, 2, 4]
 MODES = {
@@ -85,7 +86,7 @@ def spies(hooked):
 
 
 def test_plugin_hooks_the_graph_metadata_build():
-    targets = {row.target for row in plugin.HOOKS if row.switch is BOUNDED_REPLAY_METADATA}
+    targets = {row.target for row in hooks.rows_of(BOUNDED_REPLAY_METADATA)}
     assert (
         "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend."
         "_build_forward_metadata_cuda_graph"
@@ -154,20 +155,35 @@ def test_the_mtp_one_launch_is_warmed_up_per_captured_bs_with_its_replay_call(
         assert signature(warm) == signature(replayed[warm["bs"]])
 
 
-def test_a_raising_one_launch_warm_up_sends_that_bs_to_sglangs_path(dsa_server, hooked, caplog):
+@pytest.mark.parametrize(
+    "live_width,path",
+    [
+        ("1", "replays each step backend's own metadata (the step backends have no page_table_1)"),
+        ("0", "keeps SGLang's precompute + copies"),
+    ],
+    ids=["step-tables-dropped", "step-tables-kept"],
+)
+def test_a_raising_one_launch_warm_up_sends_that_bs_to_another_path(
+    dsa_server, hooked, caplog, live_width, path
+):
     def raising(kernel, **kwargs):
         if kwargs["bs"] == 4:
             raise RuntimeError("injected failure")
 
     hooked.setattr(mtp, "warm_up", raising)
+    hooked.setenv(LIVE_WIDTH.env, live_width)
     server = dsa_server()
     multi = server.multi_step(4, seeded=True)
     with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
         server.capture(multi, ForwardMode.DECODE, [1, 4])
-    gates = getattr(multi, mtp.GATES)
-    assert gates[1] is None
-    assert "its warm-up raised RuntimeError: injected failure" in gates[4]
-    assert "bs 4 falls back to SGLang's path" in caplog.text
+    plans = state_of(multi, MultiStepState).batch_sizes
+    assert plans[1].reason is None
+    assert "its warm-up raised RuntimeError: injected failure" in plans[4].reason
+    [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert error == (
+        f"sglang_dsa_mtp: MTP draft-decode metadata for bs 4 {path}: compiling the one launch "
+        "raised: RuntimeError: injected failure"
+    )
 
 
 def test_no_warm_up_inside_a_stream_capture(dsa_server, spies, hooked, caplog):

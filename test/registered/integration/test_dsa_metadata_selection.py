@@ -8,7 +8,7 @@ are selected, each attribute holds ours with SGLang's kernel behind it as the fa
 
 import pytest
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
@@ -17,8 +17,9 @@ from sglang.kernels.ops.attention.dsa import metadata as sglang_metadata
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 
-from sglang_dsa_mtp import plugin
+from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
+from sglang_dsa_mtp.integration.state import BackendState, peek
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
 
@@ -44,6 +45,11 @@ def build_backend(kpool=1, page_size=64, topk=2048, fusion=True):
     return backend
 
 
+def decision(backend):
+    """Why the backend keeps SGLang's kernels (None: ours), as the selection hook recorded it."""
+    return peek(backend, BackendState).bounded_reason
+
+
 def kernels(backend, behind="ours"):
     """The kernels the backend's replay runs: ours where they are selected, else SGLang's; with
     ``behind="sglang"``, the fallbacks behind ours."""
@@ -56,7 +62,7 @@ def kernels(backend, behind="ours"):
 
 
 def test_plugin_hooks_sglang_kernel_selection():
-    targets = {row.target for row in plugin.HOOKS if row.switch is BOUNDED_REPLAY_METADATA}
+    targets = {row.target for row in hooks.rows_of(BOUNDED_REPLAY_METADATA)}
     assert (
         "sglang.srt.layers.attention.dsa.dsa_metadata_manager."
         "DSAMetadataManagementMixin._init_kpool_metadata_fusion"
@@ -66,7 +72,7 @@ def test_plugin_hooks_sglang_kernel_selection():
 def test_cuda_kpool1_without_fusion_selects_bounded_kernels(hooked):
     backend = build_backend()
     assert kernels(backend) == OURS
-    assert getattr(backend, selection.DECISION) is None
+    assert decision(backend) is None
 
 
 def test_sglang_kernels_stay_behind_ours_as_the_fallback(hooked):
@@ -82,7 +88,11 @@ def test_hip_keeps_sglang_kernels(hooked, set_platform):
     set_platform(cuda=False, hip=True)
     backend = build_backend()
     assert kernels(backend) == SGLANG_UNBOUNDED
-    assert "HIP" in getattr(backend, selection.DECISION)
+    assert "HIP" in decision(backend)
+
+
+def test_a_backend_the_hook_never_saw_keeps_sglang_kernels():
+    assert decision(object.__new__(DeepseekSparseAttnBackend)) is not None
 
 
 def test_non_cuda_platform_keeps_sglang_kernels(hooked, set_platform):
@@ -94,7 +104,7 @@ def test_kpool_above_1_with_fusion_keeps_sglang_kpool_kernels(hooked):
     backend = build_backend(kpool=4, fusion=True)
     assert backend.experimental_kpool_metadata_fusion
     assert all(fn.keywords == {"index_kpool": 4} for fn in kernels(backend))
-    assert "dsa_index_kpool is 4" in getattr(backend, selection.DECISION)
+    assert "dsa_index_kpool is 4" in decision(backend)
 
 
 def test_kpool_above_1_without_fusion_keeps_sglang_kernels(hooked):
@@ -109,7 +119,7 @@ def test_fusion_flag_set_at_kpool1_keeps_sglang_kernels(hooked):
     backend = build_backend(kpool=1, fusion=True)
     assert backend.experimental_kpool_metadata_fusion
     assert kernels(backend) != OURS
-    assert "fusion is on" in getattr(backend, selection.DECISION)
+    assert "fusion is on" in decision(backend)
 
 
 @pytest.mark.parametrize("value", ["0", "false", "off"], ids=["zero", "false", "unparsable"])
@@ -122,4 +132,4 @@ def test_a_failing_gate_keeps_sglang_kernels(hooked):
     hooked.setattr(selection, "why_not_bounded", lambda backend: 1 / 0, raising=True)
     backend = build_backend()
     assert kernels(backend) == SGLANG_UNBOUNDED
-    assert "ZeroDivisionError" in getattr(backend, selection.DECISION)
+    assert "ZeroDivisionError" in decision(backend)

@@ -1,322 +1,331 @@
-"""The one-launch MTP draft-decode replay, on SGLang's real multi-step backend class.
+"""The MTP draft-decode replay hook, on SGLang's real multi-step backend and step backends.
 
-Step backends are real ``DeepseekSparseAttnBackend`` objects built without a model (``object.__new__``)
-with CPU graph buffers, so the one launch runs through Triton's interpreter; the DeepGEMM schedule,
-the top-k plan and ``set_dsa_prefill_impl`` are recorded instead of run.
+The backends come from SGLang's ``DraftBackendFactory`` in a published EAGLE launch, get their graph
+state from SGLang's ``init_cuda_graph_state`` and are captured and replayed through SGLang's own
+entry points on the CPU (``sglang_dsa_mtp.testing.dsa_backends.CpuDsaServer``: stand-ins, counted,
+for DeepGEMM's schedule, the top-k v2 plan and FlashMLA's tile metadata). Each replay's buffers are
+poisoned first, and compared whole with what SGLang's own code writes.
 """
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
-import sglang.srt.layers.attention.dsa_backend as dsa_backend
-from sglang.srt.layers.attention.dsa_backend import (
-    DeepseekSparseAttnBackend,
-    DeepseekSparseAttnMultiStepBackend,
-    DSAFlashMLAMetadata,
-)
+from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-from sglang_dsa_mtp import plugin
+from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
-from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
-from sglang_dsa_mtp.test.dsa_backends import metadata_tensors as dsa_metadata_tensors
-from sglang_dsa_mtp.test.dsa_backends import poison
-from sglang_dsa_mtp.test.metadata_cases import POISON, make_case
+from sglang_dsa_mtp.integration.state import MultiStepState, state_of
+from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH
+from sglang_dsa_mtp.testing.constants import POISON
+from sglang_dsa_mtp.testing.dsa_backends import graph_batch, metadata_tensors, poison
+from sglang_dsa_mtp.testing.metadata_cases import kernel_for
 
-WIDTH, PAGE, TOPK, MAX_BS = 300, 64, 200, 4
-
-
-class StepBackend(DeepseekSparseAttnBackend):
-    """A real DSA step backend without a model: graph buffers on the CPU, indexer refreshes recorded."""
-
-    def __new__(cls, model_runner, **kwargs):
-        self = object.__new__(cls)
-        shared = model_runner.shared
-        self.speculative_step_id = kwargs["speculative_step_id"]
-        self.dsa_index_kpool = 1
-        self.experimental_kpool_metadata_fusion = False
-        self.physical_page_size = model_runner.page_size
-        self.dsa_index_topk = TOPK
-        self.dsa_decode_impl = "fa3"
-        self.req_to_token = shared["req_to_token"]
-        self.calls = []
-        self.decode_cuda_graph_metadata = {}
-        for bs in model_runner.captured_bs:
-            rows = MAX_BS
-            page_table = torch.full((rows, WIDTH), POISON, dtype=torch.int32)
-            cache = torch.full((bs,), POISON, dtype=torch.int32)
-            self.decode_cuda_graph_metadata[bs] = SimpleNamespace(
-                cache_seqlens_int32=cache,
-                cu_seqlens_k=torch.full((bs + 1,), POISON, dtype=torch.int32),
-                page_table_1=page_table[:bs],
-                dsa_cache_seqlens_int32=torch.full((bs,), POISON, dtype=torch.int32),
-                dsa_cu_seqlens_k=torch.full((bs + 1,), POISON, dtype=torch.int32),
-                real_page_table=(
-                    torch.full((bs, -(-WIDTH // PAGE)), POISON, dtype=torch.int32)
-                    if model_runner.page_size > 1
-                    else page_table[:bs]
-                ),
-                paged_mqa_ctx_lens_2d=cache.view(-1, 1),
-                flashmla_metadata=None,
-            )
-        return self
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def set_dsa_prefill_impl(self, forward_batch=None):
-        self.calls.append("set_dsa_prefill_impl")
-
-    def _refresh_paged_mqa_schedule_metadata(self, metadata, seqlens_32_2d):
-        self.calls.append(("schedule", seqlens_32_2d.flatten().tolist()))
-
-    def _refresh_topk_v2_plan(self, metadata):
-        self.calls.append("topk_v2_plan")
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
-        self.calls.append(("stock", in_capture))
+DECODE = ForwardMode.DECODE
+BS = 3
+ROUNDS = (([129, 0, 295], [5, 2, 7]), ([1, 128, 64], [3, 3, 1]), ([0, 0, 0], [1, 2, 3]))
+OWNER = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
 
 
-def build_multi(hooked, *, steps, seeded, page_size=PAGE, captured_bs=(1, 3)):
-    """A real DeepseekSparseAttnMultiStepBackend, built by its real (hooked) __init__."""
-    hooked.setattr(dsa_backend, "DeepseekSparseAttnBackend", StepBackend)
-    gen = torch.Generator().manual_seed(steps)
-    runner = SimpleNamespace(
-        page_size=page_size,
-        captured_bs=captured_bs,
-        shared={"req_to_token": torch.randint(0, 1 << 30, (8, WIDTH), generator=gen).int()},
+@pytest.fixture
+def spies(hooked):
+    """Every launch of the one launch, every call of SGLang's precompute, every step's prefill-impl
+    reset, counted per kind."""
+    seen = {"one launch": 0, "precompute": 0, "set_dsa_prefill_impl": 0}
+
+    def counting(kind, fn):
+        def call(*args, **kwargs):
+            seen[kind] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    hooked.setattr(
+        mtp,
+        "fused_dsa_draft_decode_metadata_multi",
+        counting("one launch", mtp.fused_dsa_draft_decode_metadata_multi),
     )
-    return DeepseekSparseAttnMultiStepBackend(
-        runner, 1, steps + 1, seed_dsa_topk_from_draft_extend=seeded
-    )
+    for name, kind in (
+        ("_precompute_replay_metadata", "precompute"),
+        ("set_dsa_prefill_impl", "set_dsa_prefill_impl"),
+    ):
+        hooked.setattr(
+            DeepseekSparseAttnBackend,
+            name,
+            counting(kind, getattr(DeepseekSparseAttnBackend, name)),
+        )
+    return seen
 
 
-def replay_batch(lengths, req_indices):
-    return SimpleNamespace(
-        batch_size=len(lengths),
-        seq_lens=torch.tensor(lengths, dtype=torch.int64),
-        req_pool_indices=torch.tensor(req_indices, dtype=torch.int64),
-        seq_lens_cpu=None,
-        forward_mode=ForwardMode.DECODE,
-    )
+def build(dsa_server, *, steps=4, seeded=True, captured=(1, BS), **options):
+    """A server and its MTP draft-decode backend with ``steps`` step backends, captured."""
+    server = dsa_server(num_steps=steps + 1, **options)
+    multi = server.multi_step(max(captured), seeded=seeded)
+    server.capture(multi, DECODE, captured)
+    return server, multi
 
 
-def expected_buffers(multi, batch, page_size):
-    """What SGLang's own decode kernel writes into one step's (identically poisoned) buffers."""
-    case = make_case(
-        "decode",
-        batch.seq_lens.tolist(),
-        req_indices=batch.req_pool_indices.tolist(),
-        width=WIDTH,
-        device="cpu",
-        page_size=page_size,
-        topk=TOPK,
-        req_to_token=multi.attn_backends[0].req_to_token,
-    )
-    m = multi.attn_backends[0].decode_cuda_graph_metadata[batch.batch_size]
+def sglang_decode(backend, metadata, lengths, slots) -> dict:
+    """What SGLang's own decode kernel writes into poisoned copies of one step's buffers."""
     out = {
-        "cache_seqlens": torch.full_like(m.cache_seqlens_int32, POISON),
-        "cu_seqlens_k": torch.full_like(m.cu_seqlens_k, POISON),
-        "page_table_1": torch.full_like(m.page_table_1, POISON),
-        "dsa_cache_seqlens": torch.full_like(m.dsa_cache_seqlens_int32, POISON),
-        "dsa_cu_seqlens_k": torch.full_like(m.dsa_cu_seqlens_k, POISON),
-        "real_page_table": torch.full_like(m.real_page_table, POISON) if page_size > 1 else None,
+        "cache_seqlens": metadata.cache_seqlens_int32,
+        "cu_seqlens_k": metadata.cu_seqlens_k,
+        "page_table_1": metadata.page_table_1,
+        "dsa_cache_seqlens": metadata.dsa_cache_seqlens_int32,
+        "dsa_cu_seqlens_k": metadata.dsa_cu_seqlens_k,
+        "real_page_table": metadata.real_page_table if backend.physical_page_size > 1 else None,
     }
-    return case.run("sglang", out)
-
-
-def step_buffers(m, page_size):
+    out = {name: None if t is None else torch.full_like(t, POISON) for name, t in out.items()}
+    kernel_for("decode", "sglang")(
+        seq_lens=torch.tensor(lengths, dtype=torch.int64),
+        req_pool_indices=torch.tensor(slots, dtype=torch.int64),
+        req_to_token=backend.req_to_token,
+        bs=len(lengths),
+        max_len=backend._graph_page_table_width(metadata),
+        dsa_index_topk=backend.dsa_index_topk,
+        physical_page_size=backend.physical_page_size,
+        **out,
+    )
     return {
-        "cache_seqlens": m.cache_seqlens_int32,
-        "cu_seqlens_k": m.cu_seqlens_k,
-        "page_table_1": m.page_table_1,
-        "dsa_cache_seqlens": m.dsa_cache_seqlens_int32,
-        "dsa_cu_seqlens_k": m.dsa_cu_seqlens_k,
-        "real_page_table": m.real_page_table if page_size > 1 else None,
+        "cache_seqlens_int32": out["cache_seqlens"],
+        "cu_seqlens_k": out["cu_seqlens_k"],
+        "page_table_1": out["page_table_1"],
+        "dsa_cache_seqlens_int32": out["dsa_cache_seqlens"],
+        "dsa_cu_seqlens_k": out["dsa_cu_seqlens_k"],
+        "real_page_table": out["real_page_table"],
     }
 
 
-def test_plugin_hooks_the_multi_step_backend():
-    targets = {row.target for row in plugin.HOOKS if row.switch is BOUNDED_REPLAY_METADATA}
-    owner = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
-    assert {f"{owner}.__init__", f"{owner}.init_forward_metadata_out_graph"} <= targets
+def test_plugin_hooks_the_multi_step_backend_once_per_target():
+    rows = [row for row in hooks.HOOKS if row.target.startswith(f"{OWNER}.")]
+    assert {row.target for row in hooks.rows_of(BOUNDED_REPLAY_METADATA)} >= {
+        f"{OWNER}.__init__",
+        f"{OWNER}.init_forward_metadata_out_graph",
+    }
+    [replay] = [row for row in rows if row.target.endswith(".init_forward_metadata_out_graph")]
+    assert set(replay.switches) == {BOUNDED_REPLAY_METADATA, LIVE_WIDTH}
 
 
 @pytest.mark.parametrize("seeded", [True, False])
-def test_the_seed_flag_is_kept_on_the_multi_step_backend(hooked, seeded):
-    assert getattr(build_multi(hooked, steps=3, seeded=seeded), mtp.SEEDED) is seeded
+def test_the_seed_flag_is_kept_on_the_multi_step_backend(dsa_server, seeded):
+    _, multi = build(dsa_server, seeded=seeded)
+    assert state_of(multi, MultiStepState).seeded is seeded
 
 
+@pytest.mark.parametrize("live_width", ["1", "0"], ids=["tables-dropped", "tables-kept"])
 @pytest.mark.parametrize("steps", [1, 2, 3, 4])
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_one_launch_writes_what_sglangs_decode_kernel_writes_into_every_step(
-    hooked, steps, page_size
+    dsa_server, hooked, spies, steps, page_size, live_width
 ):
-    multi = build_multi(hooked, steps=steps, seeded=True, page_size=page_size)
-    batch = replay_batch([129, 0, 300], [5, 2, 7])
-    multi.init_forward_metadata_out_graph(batch)
-    expected = expected_buffers(multi, batch, page_size)
-    for i, backend in enumerate(multi.attn_backends):
-        m = backend.decode_cuda_graph_metadata[3]
-        for name, tensor in step_buffers(m, page_size).items():
-            if tensor is not None:
-                assert torch.equal(tensor, expected[name]), f"step {i}: {name}"
-        assert backend.forward_metadata is m
-        assert "set_dsa_prefill_impl" in backend.calls
-        assert ("stock", False) not in backend.calls
+    hooked.setenv(LIVE_WIDTH.env, live_width)
+    server, multi = build(dsa_server, steps=steps, page_size=page_size)
+    assert state_of(multi, MultiStepState).batch_sizes[BS].reason is None
+    for lengths, slots in ROUNDS:
+        for backend in multi.attn_backends:
+            poison(backend.decode_cuda_graph_metadata[BS], POISON)
+        before = dict(spies)
+        server.replay(multi, DECODE, lengths, slots)
+        assert spies["one launch"] - before["one launch"] == 1
+        assert spies["precompute"] == before["precompute"]
+        assert spies["set_dsa_prefill_impl"] - before["set_dsa_prefill_impl"] == steps
+        for i, backend in enumerate(multi.attn_backends):
+            m = backend.decode_cuda_graph_metadata[BS]
+            expected = sglang_decode(backend, m, lengths, slots)
+            for name, want in expected.items():
+                if want is not None:
+                    assert torch.equal(getattr(m, name), want), f"step {i}: {name}"
+            assert backend.forward_metadata is m
 
 
-def test_seeded_steps_skip_the_indexer_refreshes(hooked):
-    multi = build_multi(hooked, steps=4, seeded=True)
-    multi.init_forward_metadata_out_graph(replay_batch([129, 0, 300], [5, 2, 7]))
-    for backend in multi.attn_backends:
-        assert backend.calls == ["set_dsa_prefill_impl"]
+def test_seeded_steps_skip_the_indexer_refreshes(dsa_server):
+    server, multi = build(dsa_server, seeded=True)
+    before = dict(server.calls)
+    server.replay(multi, DECODE, *ROUNDS[0])
+    assert {k: server.calls[k] - before.get(k, 0) for k in ("schedule", "topk_plan")} == {
+        "schedule": 0,
+        "topk_plan": 0,
+    }
+
+
+def stock_arm(multi) -> None:
+    """Send every captured batch size of ``multi`` to the path SGLang's own code takes."""
+    for plan in state_of(multi, MultiStepState).batch_sizes.values():
+        plan.reason = "the reference arm runs SGLang's path"
 
 
 @pytest.mark.parametrize("steps", [1, 2, 4])
 def test_unseeded_steps_get_the_plans_sglangs_per_step_refresh_computes(dsa_server, steps):
-    """On SGLang's real multi-step backend, built, captured and replayed by SGLang (CPU stand-ins for
-    DeepGEMM's schedule and the top-k plan, counted): the one launch computes the schedule and the
-    plan once per replay and copies them into every step; a second backend on SGLang's own path
-    (its per-step loop, which refreshes every step) ends with the same bits in every buffer."""
+    """The one launch computes the schedule and the plan once per replay and copies them into every
+    step; a second backend on SGLang's own path (which refreshes every step) ends with the same bits
+    in every buffer."""
     server = dsa_server(num_steps=steps + 1)
     ours, stock = (server.multi_step(4, seeded=False) for _ in range(2))
     for multi in (ours, stock):
-        server.capture(multi, ForwardMode.DECODE, [4])
-    stock.__dict__[mtp.GATES][4] = "the reference arm runs SGLang's path"
+        server.capture(multi, DECODE, [4])
+    stock_arm(stock)
     for lengths, slots in (([129, 0, 250, 64], [5, 2, 7, 1]), ([3, 299, 1, 200], [1, 3, 6, 4])):
         calls = []
         for multi in (ours, stock):
             for backend in multi.attn_backends:
                 poison(backend.decode_cuda_graph_metadata[4], POISON)
             before = dict(server.calls)
-            server.replay(multi, ForwardMode.DECODE, lengths, slots)
-            calls.append({k: v - before.get(k, 0) for k, v in server.calls.items()})
+            server.replay(multi, DECODE, lengths, slots)
+            calls.append({k: v - before.get(k, 0) for k, v in server.calls.items() if v})
         assert calls[0] == {"schedule": 1, "topk_plan": 1}
         assert calls[1] == {"schedule": steps, "topk_plan": steps}
         for i, (a, b) in enumerate(zip(ours.attn_backends, stock.attn_backends)):
-            got = dsa_metadata_tensors(a.decode_cuda_graph_metadata[4])
-            want = dsa_metadata_tensors(b.decode_cuda_graph_metadata[4])
+            got = metadata_tensors(a.decode_cuda_graph_metadata[4])
+            want = metadata_tensors(b.decode_cuda_graph_metadata[4])
             for name in ("paged_mqa_schedule_metadata", "topk_v2_plan", "paged_mqa_ctx_lens_2d"):
                 assert torch.equal(got[name], want[name]), f"step {i}: {name}"
             assert a.forward_metadata is a.decode_cuda_graph_metadata[4]
 
 
-def test_capture_runs_sglang_and_decides_the_gate_per_bs(hooked, caplog):
-    multi = build_multi(hooked, steps=3, seeded=True, captured_bs=(1, 3))
-    # bs 3 of step 2 gets a table of another width: that bs keeps the stock path, bs 1 does not.
-    m = multi.attn_backends[2].decode_cuda_graph_metadata[3]
-    m.page_table_1 = torch.full((3, WIDTH - 1), POISON, dtype=torch.int32)
-    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
-        for bs in (1, 3):
-            batch = replay_batch([10] * bs, list(range(bs)))
-            batch.input_ids = batch.positions = batch.spec_info = None
-            batch.seq_lens_sum = 10 * bs
-            multi.init_forward_metadata_out_graph(batch, in_capture=True)
-    gates = getattr(multi, mtp.GATES)
-    assert gates[1] is None
-    assert "step backend 2's page_table_1" in gates[3]
-    assert "bs 3 keeps SGLang's precompute + copies" in caplog.text
+def test_flashmla_tile_metadata_is_computed_once_and_copied_into_every_step(dsa_server):
+    """``flashmla_kv`` decode: computed once per replay, from step 0's clipped lengths, and copied
+    into each step's buffers; every step ends with what SGLang's own path leaves there."""
+    server = dsa_server(num_steps=4, decode_impl="flashmla_kv")
+    ours, stock = (server.multi_step(BS, seeded=True) for _ in range(2))
+    for multi in (ours, stock):
+        server.capture(multi, DECODE, [BS])
+    stock_arm(stock)
+    for multi in (ours, stock):
+        for backend in multi.attn_backends:
+            poison(backend.decode_cuda_graph_metadata[BS], POISON)
+    before = server.calls["flashmla"]
+    server.replay(ours, DECODE, *ROUNDS[0])
+    assert server.calls["flashmla"] - before == 1
+    server.replay(stock, DECODE, *ROUNDS[0])
+    for a, b in zip(ours.attn_backends, stock.attn_backends):
+        got = a.decode_cuda_graph_metadata[BS].flashmla_metadata
+        want = b.decode_cuda_graph_metadata[BS].flashmla_metadata
+        assert torch.equal(got.flashmla_metadata, want.flashmla_metadata)
+        assert torch.equal(got.num_splits, want.num_splits)
+
+
+def test_capture_runs_sglang_and_decides_per_bs(dsa_server, hooked, caplog):
+    """Every step backend gets SGLang's graph metadata for every captured bs; a bs whose step tables
+    stopped matching (a re-capture, as adaptive speculation makes) keeps SGLang's path."""
+    hooked.setenv(LIVE_WIDTH.env, "0")
+    server, multi = build(dsa_server, steps=3, captured=(1, BS))
     for backend in multi.attn_backends:
-        assert backend.calls.count(("stock", True)) == 2
+        assert {1, BS} <= {
+            key for key in backend.decode_cuda_graph_metadata if isinstance(key, int)
+        }
+    metadata = multi.attn_backends[2].decode_cuda_graph_metadata[BS]
+    wider = torch.zeros(BS, metadata.real_page_table.shape[1] + 1, dtype=torch.int32)
+    object.__setattr__(metadata, "real_page_table", wider)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        server.capture(multi, DECODE, [BS])
+    plans = state_of(multi, MultiStepState).batch_sizes
+    assert plans[1].reason is None
+    assert "step backend 2's real_page_table" in plans[BS].reason
+    assert f"bs {BS} keeps SGLang's precompute + copies: step backend 2's" in caplog.text
+
+
+BREAKAGES = {
+    "hip": (lambda multi, hooked, set_platform: set_platform(cuda=False, hip=True), "HIP"),
+    "not-cuda": (
+        lambda multi, hooked, set_platform: set_platform(cuda=False, hip=False),
+        "not a CUDA platform",
+    ),
+    "switch-off": (
+        lambda multi, hooked, set_platform: hooked.setenv(BOUNDED_REPLAY_METADATA.env, "0"),
+        "SGLANG_DSA_BOUNDED_REPLAY_METADATA=0",
+    ),
+    "kpool-4": (
+        lambda multi, hooked, set_platform: setattr(multi.attn_backends[1], "dsa_index_kpool", 4),
+        "dsa_index_kpool 4",
+    ),
+    "fusion": (
+        lambda multi, hooked, set_platform: setattr(
+            multi.attn_backends[0], "experimental_kpool_metadata_fusion", True
+        ),
+        "KPool metadata fusion",
+    ),
+    "five-steps": (
+        lambda multi, hooked, set_platform: multi.attn_backends.append(multi.attn_backends[0]),
+        "5 step backends",
+    ),
+    "mismatched-tables": (
+        lambda multi, hooked, set_platform: object.__setattr__(
+            multi.attn_backends[3].decode_cuda_graph_metadata[BS], "real_page_table", None
+        ),
+        "lacks real_page_table",
+    ),
+}
+
+
+@pytest.mark.parametrize("breakage", list(BREAKAGES))
+def test_the_gate_keeps_sglangs_path(dsa_server, hooked, set_platform, spies, breakage):
+    """Decided again at a re-capture of the bs: SGLang's path replays it, our launch never runs."""
+    hooked.setenv(LIVE_WIDTH.env, "0")
+    _, multi = build(dsa_server, steps=4)
+    breaking, reason = BREAKAGES[breakage]
+    breaking(multi, hooked, set_platform)
+    launched, stock = spies["one launch"], []
+    batch = graph_batch(BS, DECODE, seq_lens=[1, 2, 3], req_pool_indices=[0, 1, 2])
+    mtp.draft_decode_metadata(lambda *args, **kwargs: None, multi, batch, in_capture=True)
+    assert reason in state_of(multi, MultiStepState).batch_sizes[BS].reason
+    mtp.draft_decode_metadata(
+        lambda self, fb, in_capture=False: stock.append(fb.batch_size), multi, batch
+    )
+    assert stock == [BS] and spies["one launch"] == launched
 
 
 @pytest.mark.parametrize(
-    "breakage,reason",
+    "live_width,path",
     [
-        (lambda multi, hooked, set_platform: set_platform(cuda=False, hip=True), "HIP"),
-        (lambda multi, hooked, set_platform: set_platform(cuda=False, hip=False), "not a CUDA"),
-        (
-            lambda multi, hooked, set_platform: hooked.setenv(BOUNDED_REPLAY_METADATA.env, "0"),
-            "SGLANG_DSA_BOUNDED_REPLAY_METADATA=0",
-        ),
-        (
-            lambda multi, hooked, set_platform: setattr(
-                multi.attn_backends[1], "dsa_index_kpool", 4
-            ),
-            "dsa_index_kpool 4",
-        ),
-        (
-            lambda multi, hooked, set_platform: setattr(
-                multi.attn_backends[0], "experimental_kpool_metadata_fusion", True
-            ),
-            "KPool metadata fusion",
-        ),
-        (
-            lambda multi, hooked, set_platform: multi.attn_backends.append(multi.attn_backends[0]),
-            "5 step backends",
-        ),
-        (
-            lambda multi, hooked, set_platform: setattr(
-                multi.attn_backends[3].decode_cuda_graph_metadata[3], "real_page_table", None
-            ),
-            "lacks real_page_table",
-        ),
+        ("1", "replays each step backend's own metadata (the step backends have no page_table_1)"),
+        ("0", "keeps SGLang's precompute + copies"),
     ],
-    ids=["hip", "not-cuda", "switch-off", "kpool-4", "fusion", "five-steps", "mismatched-tables"],
+    ids=["step-tables-dropped", "step-tables-kept"],
 )
-def test_gate_keeps_the_stock_path(hooked, set_platform, breakage, reason):
-    multi = build_multi(hooked, steps=4, seeded=True)
-    breakage(multi, hooked, set_platform)
-    assert reason in mtp.why_not_one_launch(multi, 3)
-    stock = []
-    mtp.one_launch_out_graph(
-        lambda self, fb, in_capture=False: stock.append(fb.batch_size),
-        multi,
-        replay_batch([1, 2, 3], [0, 1, 2]),
-    )
-    assert stock == [3]
-    for backend in multi.attn_backends:
-        assert "set_dsa_prefill_impl" not in backend.calls
+def test_a_raising_one_launch_sends_its_bs_to_sglangs_path_with_one_accurate_line(
+    dsa_server, hooked, spies, caplog, live_width, path
+):
+    """The bs is rewritten at once by the path its step tables allow (no second failure), and every
+    later replay of it takes that path; the buffers end as a backend that never tried ours."""
+    hooked.setenv(LIVE_WIDTH.env, live_width)
+    server = dsa_server(num_steps=5)
+    ours, stock = (server.multi_step(BS, seeded=False) for _ in range(2))
+    for multi in (ours, stock):
+        server.capture(multi, DECODE, [BS])
+    stock_arm(stock)
+
+    def raising(**kwargs):
+        raise RuntimeError("injected failure")
+
+    hooked.setattr(mtp, "fused_dsa_draft_decode_metadata_multi", raising)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        for lengths, slots in ROUNDS:
+            for multi in (ours, stock):
+                for backend in multi.attn_backends:
+                    poison(backend.decode_cuda_graph_metadata[BS], POISON)
+                server.replay(multi, DECODE, lengths, slots)
+            for a, b in zip(ours.attn_backends, stock.attn_backends):
+                got = metadata_tensors(a.decode_cuda_graph_metadata[BS])
+                for name, want in metadata_tensors(b.decode_cuda_graph_metadata[BS]).items():
+                    assert torch.equal(got[name], want), name
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert errors == [
+        f"sglang_dsa_mtp: MTP draft-decode metadata for bs {BS} {path} from now on: the one "
+        "launch raised: RuntimeError: injected failure"
+    ]
+    assert "one launch raised" in state_of(ours, MultiStepState).batch_sizes[BS].reason
 
 
-def test_a_failing_one_launch_falls_back_to_sglang_for_that_bs(hooked, caplog):
-    multi = build_multi(hooked, steps=2, seeded=True)
-    multi.attn_backends[1].decode_cuda_graph_metadata[3].cu_seqlens_k = None  # breaks the launch
-    stock = []
-    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
-        for _ in range(2):
-            mtp.one_launch_out_graph(
-                lambda self, fb, in_capture=False: stock.append(fb.batch_size),
-                multi,
-                replay_batch([1, 2, 3], [0, 1, 2]),
-            )
-    assert stock == [3, 3]
-    assert "one launch raised" in getattr(multi, mtp.GATES)[3]
-    assert caplog.text.count("falls back to SGLang's path") == 1
-
-
-def test_flashmla_tile_metadata_is_computed_once_and_copied_into_every_step(hooked):
-    """``flashmla_kv`` decode: computed from step 0's clipped lengths (seq_len_q 1), as stock does
-    from its scratch, then copied into each step's buffers (num_splits[:bs + 1], whole tile data).
-    """
-    multi = build_multi(hooked, steps=3, seeded=True)
-    computed = []
-
-    def compute(cache_seqlens, seq_len_q):
-        computed.append((cache_seqlens.tolist(), seq_len_q))
-        return DSAFlashMLAMetadata(
-            flashmla_metadata=torch.arange(8, dtype=torch.int32).view(2, 4),
-            num_splits=torch.tensor([0, 2, 5, 9], dtype=torch.int32),
-        )
-
-    for backend in multi.attn_backends:
-        backend.dsa_decode_impl = "flashmla_kv"
-        backend._compute_flashmla_metadata = compute
-        backend.decode_cuda_graph_metadata[3].flashmla_metadata = DSAFlashMLAMetadata(
-            flashmla_metadata=torch.full((2, 4), POISON, dtype=torch.int32),
-            num_splits=torch.full((6,), POISON, dtype=torch.int32),
-        )
-    multi.init_forward_metadata_out_graph(replay_batch([129, 0, 300], [5, 2, 7]))
-    assert computed == [([129, 0, 200], 1)]  # min(seq, topk 200)
-    for backend in multi.attn_backends:
-        m = backend.decode_cuda_graph_metadata[3].flashmla_metadata
-        assert m.flashmla_metadata.flatten().tolist() == list(range(8))
-        assert m.num_splits.tolist() == [0, 2, 5, 9, POISON, POISON]
+def test_a_replay_of_a_never_captured_bs_takes_sglangs_path(dsa_server, hooked, spies):
+    hooked.setenv(LIVE_WIDTH.env, "0")
+    server, multi = build(dsa_server, captured=(BS,))
+    launched, stock = spies["one launch"], []
+    batch = graph_batch(2, DECODE, seq_lens=[1, 2], req_pool_indices=[0, 1])
+    mtp.draft_decode_metadata(lambda self, fb, in_capture=False: stock.append(fb), multi, batch)
+    assert stock == [batch] and spies["one launch"] == launched

@@ -1,7 +1,7 @@
 """The DSA target's QLEN_ONLY, not-read verify mask, on SGLang's real backends and verify path.
 
 The target is built by SGLang's attention registry in a published EAGLE launch and gets its graph
-state from SGLang's ``init_cuda_graph_state`` (``sglang_dsa_mtp.test.dsa_launch``). The draft
+state from SGLang's ``init_cuda_graph_state`` (``sglang_dsa_mtp.testing.dsa_backends``). The draft
 tree is SGLang's own topk=1 chain (``_rebuild_topk1_chain_buffers``). SGLang's CUDA tree kernels are
 JIT-compiled CUDA; here the tree builder, the greedy verify and the cache-location kernels run as
 SGLang's Triton implementations (its XPU path), through Triton's interpreter.
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
@@ -27,9 +27,9 @@ from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
 from sglang.srt.speculative.eagle_utils import TreeMaskMode, default_tree_mask_mode
 from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
 
-from sglang_dsa_mtp import plugin
+from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.switches import LIVE_WIDTH
-from sglang_dsa_mtp.test import dsa_launch as kit
+from sglang_dsa_mtp.testing import dsa_backends as kit
 
 CONTEXT = 1000
 MAX_BS = 4
@@ -52,7 +52,7 @@ def target(runner=None, **runner_args):
 
 
 def test_the_live_width_switch_gives_the_dsa_backend_a_verify_mask_property():
-    [row] = [row for row in plugin.ATTRIBUTES if row.switch is LIVE_WIDTH]
+    [row] = list(hooks.attributes_of(LIVE_WIDTH))
     assert row.target.endswith("DeepseekSparseAttnBackend.verify_mask")
     assert row.shadows.endswith("base_attn_backend.AttentionBackend")
 

@@ -1,7 +1,7 @@
 """A bounded replay-metadata kernel that raises never takes the replay down: SGLang's kernel takes over.
 
 On SGLang's real ``DeepseekSparseAttnBackend`` built, captured and replayed by SGLang's own code on the
-CPU (``sglang_dsa_mtp.test.dsa_backends``), with one of our kernels swapped for a wrapper that raises at
+CPU (``sglang_dsa_mtp.testing.dsa_backends``), with one of our kernels swapped for a wrapper that raises at
 one batch size: that batch size's replays write what SGLang's kernel writes, bit for bit, every buffer
 of the metadata compared with a backend that runs SGLang's kernels; the error is logged once; other
 batch sizes keep ours.
@@ -12,17 +12,17 @@ import logging
 import pytest
 import torch
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
-from sglang_dsa_mtp.integration.fallback import with_fallback
+from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
-from sglang_dsa_mtp.test.dsa_backends import metadata_tensors, poison
-from sglang_dsa_mtp.test.metadata_cases import POISON
+from sglang_dsa_mtp.testing.dsa_backends import metadata_tensors, poison
+from sglang_dsa_mtp.testing.metadata_cases import POISON
 
 MODES = {
     "decode": (ForwardMode.DECODE, "target"),
@@ -114,7 +114,7 @@ def test_a_kernel_raising_only_at_replay_falls_back_at_that_replay(dsa_server, h
 
 def test_the_fallback_calls_sglangs_kernel_with_the_same_arguments():
     calls = []
-    guarded = with_fallback(
+    guarded = Fallback(
         lambda **kw: 1 / 0, lambda *a, **kw: calls.append((a, kw)) or "sglang", what="x"
     )
     assert guarded(bs=3, seq_lens="s") == "sglang"

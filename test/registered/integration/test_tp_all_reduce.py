@@ -13,7 +13,7 @@ import inspect
 import itertools
 from types import SimpleNamespace
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 

@@ -20,12 +20,16 @@ kernel; each later call with that key and acceptable inputs calls the compiled k
 directly, with the arguments ``JITFunction.run`` passes it (Triton 3.4 to 3.8:
 ``run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata, enter_hook,
 exit_hook, *every_parameter_value)``), on the stream Triton would use, but for tensors given as
-their ``data_ptr()`` (the launcher takes an int as the device address; a plan holds no tensor, so
-its buffers can be freed). Anything else takes the JIT path again, so a launch through a plan is
-the launch the JIT would have made. Under Triton's
-interpreter (no compiled kernels) every call takes the JIT path. Buffers are identified by object:
-resizing or re-pointing a buffer in place (``resize_``, ``set_``, ``.data =``) under a live plan is
-not supported (SGLang's graph buffers are never changed so; a captured graph would break too).
+their ``data_ptr()`` (the launcher takes an int as the device address, inside a tuple argument too;
+a plan holds no tensor, so its buffers can be freed). Anything else takes the JIT path again, so a
+launch through a plan is the launch the JIT would have made. That launcher call is Triton's private
+interface, read for the versions in :data:`DIRECT_LAUNCH_TRITON`: with any other Triton, and under
+Triton's interpreter (no compiled kernels), every call takes the JIT path. Buffers are identified by
+object: resizing or re-pointing a buffer in place (``resize_``, ``set_``, ``.data =``) under a live
+plan is not supported (SGLang's graph buffers are never changed so; a captured graph would break too).
+
+:func:`warm_up` compiles the variant a wrapper call will launch, on :func:`specialization_twin`
+copies of its buffers, ahead of the call.
 """
 
 from __future__ import annotations
@@ -38,6 +42,15 @@ import torch
 import triton
 
 MAX_PLANS = 1024  # per kernel; past this many live plans, all are dropped and rebuilt on demand
+# The Triton releases whose compiled-kernel launcher takes the arguments above, (major, minor).
+DIRECT_LAUNCH_TRITON = ((3, 4), (3, 5), (3, 6), (3, 7), (3, 8))
+
+
+def _triton_release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("+")[0].split(".")[:2] if part.isdigit())
+
+
+DIRECT_LAUNCH = _triton_release(triton.__version__) in DIRECT_LAUNCH_TRITON
 
 
 class _Plan:
@@ -136,8 +149,8 @@ class LaunchPlans:
         weakly); ``constexprs`` the remaining ones, by name; ``input_len`` the fewest entries an
         input may have."""
         compiled = self.kernel[grid](*args, **constexprs, **options)
-        if not _is_compiled_kernel(compiled):  # the interpreter, or an asynchronous compile
-            return
+        if not DIRECT_LAUNCH or not _is_compiled_kernel(compiled):
+            return  # another Triton, the interpreter, or an asynchronous compile: the JIT path
         names = self.kernel.arg_names[len(args) :]
         inputs = args[: self.num_inputs]
         plan = _Plan()
@@ -153,11 +166,10 @@ class LaunchPlans:
         plan.input_specs = tuple((t.dtype, t.stride(0)) for t in inputs)
         plan.input_len = input_len
         plan.rest = (
-            *(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args[self.num_inputs :]),
+            *(_addresses(a) for a in args[self.num_inputs :]),
             *(constexprs[name] for name in names),
         )
-        buffers = [a for a in args[self.num_inputs :] if isinstance(a, torch.Tensor)]
-        self._store(key, plan, buffers)
+        self._store(key, plan, list(_tensors(args[self.num_inputs :])))
 
     def _store(self, key: tuple, plan: _Plan, buffers: Sequence[torch.Tensor]) -> None:
         if len(self._plans) >= MAX_PLANS:
@@ -170,6 +182,23 @@ class LaunchPlans:
 
         plan.refs = tuple(weakref.ref(b, drop) for b in buffers)
         plans[key] = plan
+
+
+def _addresses(arg):
+    """``arg`` as the launcher takes it: a tensor as its address, a tuple element by element."""
+    if isinstance(arg, torch.Tensor):
+        return arg.data_ptr()
+    if isinstance(arg, tuple):
+        return tuple(_addresses(item) for item in arg)
+    return arg
+
+
+def _tensors(args):
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            yield arg
+        elif isinstance(arg, tuple):
+            yield from _tensors(arg)
 
 
 def _is_compiled_kernel(kernel) -> bool:
@@ -196,3 +225,43 @@ def specialization_twin(tensor: torch.Tensor, *, shared_rows: bool = False) -> t
     storage = torch.zeros(span + offset + 16 // item, dtype=tensor.dtype, device=tensor.device)
     shift = (-storage.data_ptr() % 16) // item  # align the storage to 16 bytes, then offset
     return storage.as_strided(tuple(tensor.shape), strides, shift + offset)
+
+
+# ----------------------------------------------------------------------------------------------
+# Warm-up: compile a call's kernel variant ahead of the call
+# ----------------------------------------------------------------------------------------------
+
+# Context-wide tables: their twins share one row of storage (no kernel specializes on row strides).
+WIDE_TABLES = ("page_table_1", "real_page_table")
+
+
+def warm_up(wrapper, **kwargs) -> None:
+    """Compile (or find in Triton's cache) the kernel variant that ``wrapper(**kwargs)`` launches,
+    without touching any buffer of ``kwargs``.
+
+    ``wrapper`` is one of the replay-metadata wrappers (``dsa_metadata_bounded``'s three, or
+    ``dsa_draft_decode_metadata.fused_dsa_draft_decode_metadata_multi``); ``kwargs`` are the keyword
+    arguments of the real call. The call is made on :func:`specialization_twin` copies of every
+    buffer (a ``destinations`` list is twinned field by field), with every request at length 0 in
+    slot 0; ``extend_seq_lens`` keeps its values. ``req_to_token`` itself is passed (read-only): the
+    kernels then read at most its first 128-column block of slot 0. Triton specializes on the twins
+    as on the buffers, so the real call finds its kernel compiled. Must not run while a CUDA graph is
+    captured (the launch would join the graph).
+    """
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("warm_up launches a kernel: call it outside CUDA-graph capture")
+    wrapper(**{name: _twin(name, value) for name, value in kwargs.items()})
+
+
+def _twin(name: str, value):
+    if name == "req_to_token" or not isinstance(value, (torch.Tensor, list, tuple)):
+        return value
+    if isinstance(value, (list, tuple)):  # MTP destinations: twin each buffer of each NamedTuple
+        return [
+            dest._replace(**{field: _twin(field, getattr(dest, field)) for field in dest._fields})
+            for dest in value
+        ]
+    twin = specialization_twin(value, shared_rows=name in WIDE_TABLES)
+    if name == "extend_seq_lens":
+        twin.copy_(value)
+    return twin

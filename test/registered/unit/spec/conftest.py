@@ -1,7 +1,7 @@
 """Fixtures for the greedy-draft argmax exchange on SGLang's real classes, in one CPU process.
 
 ``draft_head(...)`` builds an MTP deployment's LM heads the way SGLang builds them
-(:mod:`sglang_dsa_mtp.test.deployment`: a checkpoint's quant config, the target's and the NextN
+(:mod:`sglang_dsa_mtp.testing.deployment`: a checkpoint's quant config, the target's and the NextN
 draft's ``ParallelLMHead``, the load step, the draft worker's ``init_lm_head`` sharing the target's
 head weight), as TP rank 1 of 2: SGLang's runtime config is published (``override_server_args``)
 and the parallel context names an :class:`EmulatedPeerGroup` as the TP group. The target head loads
@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_partials
-from sglang_dsa_mtp.test import deployment
-from sglang_dsa_mtp.test.cpu_tp import reference_logits
+from sglang_dsa_mtp.testing import deployment
+from sglang_dsa_mtp.testing.cpu_tp import reference_logits
 
 HIDDEN = 64
 

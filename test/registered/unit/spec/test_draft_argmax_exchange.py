@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
@@ -27,6 +27,7 @@ from sglang.srt.models.glm4_moe import GlmMoeDsaForCausalLMNextN
 
 from sglang_dsa_mtp.integration import draft_argmax_exchange as exchange_site
 from sglang_dsa_mtp.integration import eagle_draft_argmax as worker_site
+from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_finalize
 from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
 
 ROWS = 5
@@ -121,7 +122,7 @@ def sglang_applies_quant_method(head) -> bool:
     return bool(calls)
 
 
-# checkpoint (sglang_dsa_mtp.test.deployment.CHECKPOINTS) -> the draft head's quant method as SGLang builds it.
+# checkpoint (sglang_dsa_mtp.testing.deployment.CHECKPOINTS) -> the draft head's quant method as SGLang builds it.
 PLAIN_MATMUL_HEADS = {
     "unquantized": "UnquantizedEmbeddingMethod",
     "fp8_block": "UnquantizedEmbeddingMethod",
@@ -157,9 +158,7 @@ def test_a_draft_head_sglang_runs_as_a_plain_matmul_engages_and_picks_sglangs_to
     )
     _, sglang = draft_topk1_postprocess(off.next_token_logits, positions.clone())
     assert torch.equal(ours, sglang), "draft decode: draft_topk1_postprocess's token"
-    _, ours = worker_site.draft_argmax_finalize(
-        on.next_token_argmax_partials, nan_policy="propagate"
-    )
+    _, ours = draft_argmax_finalize(on.next_token_argmax_partials, nan_policy="propagate")
     sglang = torch.argmax(off.next_token_logits, dim=-1, keepdim=True)
     assert torch.equal(ours, sglang), "draft extend: torch.argmax's token"
 
@@ -291,9 +290,7 @@ def test_draft_extend_with_selected_rows_exchanges_and_picks_like_torch_argmax(h
     assert head.processor.enable_draft_argmax_exchange(head.lm_head)
     on = head.forward(states, "draft_extend_v2", select_index)
     assert on.next_token_argmax_partials is not None
-    _, topk_index = worker_site.draft_argmax_finalize(
-        on.next_token_argmax_partials, nan_policy="propagate"
-    )
+    _, topk_index = draft_argmax_finalize(on.next_token_argmax_partials, nan_policy="propagate")
     expected = torch.argmax(head.gathered_logits(states[select_index]), dim=-1, keepdim=True)
     assert torch.equal(topk_index, expected)
 
@@ -412,7 +409,7 @@ def test_a_greedy_cuda_draft_worker_opts_its_draft_model_in_and_not_the_target(d
             "torch.compile",
         ),
         (lambda w, mp, plat: plat(cuda=False, hip=False), "not a CUDA platform"),
-        (lambda w, mp, plat: plat(cuda=False, hip=True), "not a CUDA platform"),
+        (lambda w, mp, plat: plat(cuda=False, hip=True), "the changes are CUDA-only"),
         (
             lambda w, mp, plat: mp.setattr(
                 w.draft_runner,

@@ -9,18 +9,18 @@ draft tokens as SGLang's pick from the gathered logits (draft decode and draft e
 heads and for a ModelOpt NVFP4 checkpoint's NextN draft head sharing the target's bf16 weight. The GPU
 side (NCCL and symmetric-memory all-reduce, CUDA graphs) is
 ``kernels/ops/speculative/test_draft_argmax_exchange_tp.py``. The body of each process is
-``sglang_dsa_mtp.test.cpu_tp.exchange_on_off_worker``.
+``sglang_dsa_mtp.testing.cpu_tp.exchange_on_off_worker``.
 """
 
 import pytest
 import torch
 
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp.test.cpu_tp import exchange_on_off_worker
-from sglang_dsa_mtp.test.process_group import read_reports, run_group
+from sglang_dsa_mtp.testing.cpu_tp import exchange_on_off_worker
+from sglang_dsa_mtp.testing.process_group import read_reports, run_group
 
 WORLD = 2
 OTHER_RANK = "another TP rank keeps the gather (its reason is in its log)"

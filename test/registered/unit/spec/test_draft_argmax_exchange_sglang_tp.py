@@ -1,7 +1,7 @@
 """The draft argmax exchange through SGLang's own TP communicators, one all-reduce route at a time.
 
 On two or more CUDA GPUs (one process per GPU, TP size = the visible GPU count), for each route of
-``sglang_dsa_mtp.test.sglang_gpu_tp.ROUTES`` (SGLang's custom all-reduce V2 and legacy, torch
+``sglang_dsa_mtp.testing.sglang_gpu_tp.ROUTES`` (SGLang's custom all-reduce V2 and legacy, torch
 symmetric memory, pynccl, pynccl with symmetric memory, each set by SGLang's own server args or
 environment): SGLang builds its real TP group and device communicators, the plugin's hooks are
 applied by SGLang's ``HookRegistry``, and ``exchange_routes_worker`` checks in CUDA graphs captured
@@ -25,15 +25,15 @@ from importlib import metadata
 import pytest
 import torch
 
-from sglang_dsa_mtp.test.process_group import read_reports, run_group
-from sglang_dsa_mtp.test.sglang_gpu_tp import (
+from sglang_dsa_mtp.testing.process_group import read_reports, run_group
+from sglang_dsa_mtp.testing.sglang_gpu_tp import (
     CPU_ROUTE,
     CPU_SIZES,
     GPU_ROUTES,
     GPU_SIZES,
     exchange_routes_worker,
 )
-from sglang_dsa_mtp.test.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 # Where the exchange must engage: on a route that is not NCCL inside the capture.
 ENGAGES = {

@@ -25,16 +25,16 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import (
-    _check_common,
-    _copy_live_tiles_multi,
-    _page_tables,
-    _store_decode_seqlens,
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
+from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
     bounded_num_splits,
-    default_budget,
+    check_common,
+    copy_live_tiles,
+    page_tables,
+    store_decode_seqlens,
+    tuning,
 )
-from sglang_dsa_mtp.kernels.ops.host import next_power_of_2
+from sglang_dsa_mtp.kernels.ops.host import default_budget, next_power_of_2
 from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans
 
 MAX_DESTINATIONS = 4  # draft step backends one launch serves (EAGLE speculative_num_steps <= 5)
@@ -70,30 +70,12 @@ def _draft_decode_metadata_kernel(
     seq_lens,
     req_pool_indices,
     req_to_token,
-    cache_seqlens_0,
-    cu_seqlens_k_0,
-    page_table_1_0,
-    dsa_cache_seqlens_0,
-    dsa_cu_seqlens_k_0,
-    real_page_table_0,
-    cache_seqlens_1,
-    cu_seqlens_k_1,
-    page_table_1_1,
-    dsa_cache_seqlens_1,
-    dsa_cu_seqlens_k_1,
-    real_page_table_1,
-    cache_seqlens_2,
-    cu_seqlens_k_2,
-    page_table_1_2,
-    dsa_cache_seqlens_2,
-    dsa_cu_seqlens_k_2,
-    real_page_table_2,
-    cache_seqlens_3,
-    cu_seqlens_k_3,
-    page_table_1_3,
-    dsa_cache_seqlens_3,
-    dsa_cu_seqlens_k_3,
-    real_page_table_3,
+    cache_seqlens,
+    cu_seqlens_k,
+    page_table_1,
+    dsa_cache_seqlens,
+    dsa_cu_seqlens_k,
+    real_page_table,
     seq_lens_stride,
     req_pool_indices_stride,
     req_to_token_stride_0,
@@ -109,72 +91,36 @@ def _draft_decode_metadata_kernel(
     physical_page_size: tl.constexpr,
     HAS_PAGE_TABLE_1: tl.constexpr,
     HAS_REAL_PAGE_TABLE: tl.constexpr,
-    NUM_DEST: tl.constexpr,
     BLOCK_BS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
+    # Each buffer argument is a tuple: that buffer of every destination, in order.
     pid = tl.program_id(0)
     if pid == 0:
         offs_b = tl.arange(0, BLOCK_BS)
         mask_b = offs_b < bs
         seq = tl.load(seq_lens + offs_b * seq_lens_stride, mask=mask_b, other=0).to(tl.int32)
-        _store_decode_seqlens(
+        store_decode_seqlens(
             seq,
             mask_b,
-            cache_seqlens_0,
-            cu_seqlens_k_0,
-            dsa_cache_seqlens_0,
-            dsa_cu_seqlens_k_0,
+            cache_seqlens,
+            cu_seqlens_k,
+            dsa_cache_seqlens,
+            dsa_cu_seqlens_k,
             dsa_index_topk,
         )
-        if NUM_DEST > 1:
-            _store_decode_seqlens(
-                seq,
-                mask_b,
-                cache_seqlens_1,
-                cu_seqlens_k_1,
-                dsa_cache_seqlens_1,
-                dsa_cu_seqlens_k_1,
-                dsa_index_topk,
-            )
-        if NUM_DEST > 2:
-            _store_decode_seqlens(
-                seq,
-                mask_b,
-                cache_seqlens_2,
-                cu_seqlens_k_2,
-                dsa_cache_seqlens_2,
-                dsa_cu_seqlens_k_2,
-                dsa_index_topk,
-            )
-        if NUM_DEST > 3:
-            _store_decode_seqlens(
-                seq,
-                mask_b,
-                cache_seqlens_3,
-                cu_seqlens_k_3,
-                dsa_cache_seqlens_3,
-                dsa_cu_seqlens_k_3,
-                dsa_index_topk,
-            )
         return
 
     req = (pid - 1) // num_splits
     split = (pid - 1) - req * num_splits
     req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride)
     kv_len = tl.load(seq_lens + req * seq_lens_stride).to(tl.int32)
-    _copy_live_tiles_multi(
+    copy_live_tiles(
         req_to_token,
-        page_table_1_0,
-        real_page_table_0,
-        page_table_1_1,
-        real_page_table_1,
-        page_table_1_2,
-        real_page_table_2,
-        page_table_1_3,
-        real_page_table_3,
+        page_table_1,
+        real_page_table,
         req_idx,
         kv_len,
         req,
@@ -194,7 +140,6 @@ def _draft_decode_metadata_kernel(
         BLOCK_N,
         TILE_N,
         NUM_STAGES,
-        NUM_DEST,
     )
 
 
@@ -216,7 +161,7 @@ def fused_dsa_draft_decode_metadata_multi(
     must match each other: the same shapes, strides and dtypes, the same presence of
     ``page_table_1`` (and of ``real_page_table`` when ``physical_page_size > 1``), on the device of
     ``req_to_token``. ``budget``: the most page-table programs the launch may use (at least one per
-    request); None uses :func:`~sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded.default_budget`.
+    request); None uses :func:`~sglang_dsa_mtp.kernels.ops.host.default_budget`.
     """
     key = (
         bs,
@@ -224,7 +169,7 @@ def fused_dsa_draft_decode_metadata_multi(
         dsa_index_topk,
         physical_page_size,
         budget,
-        bounded.tuning(),
+        tuning(),
         id(req_to_token),
         *_buffer_ids(destinations),
     )
@@ -246,7 +191,7 @@ def fused_dsa_draft_decode_metadata_multi(
             dest.dsa_cu_seqlens_k[:1].zero_()
         return
     tables = [
-        _page_tables(
+        page_tables(
             dest.page_table_1,
             dest.real_page_table,
             bs,
@@ -257,19 +202,9 @@ def fused_dsa_draft_decode_metadata_multi(
         for dest in destinations
     ]
     _, _, has_pt1, has_real = tables[0]
-    slots = []
-    for i in range(MAX_DESTINATIONS):  # unused slots repeat destination 0 (never dereferenced)
-        dest = destinations[i] if i < len(destinations) else destinations[0]
-        page_table_1, real_page_table, _, _ = tables[i] if i < len(tables) else tables[0]
-        slots += [
-            dest.cache_seqlens,
-            dest.cu_seqlens_k,
-            page_table_1,
-            dest.dsa_cache_seqlens,
-            dest.dsa_cu_seqlens_k,
-            real_page_table,
-        ]
-    page_table_1, real_page_table, _, _ = tables[0]
+    # One tuple per buffer, of every destination's (a table not written is a stand-in).
+    page_table_1, real_page_table = (tuple(t[i] for t in tables) for i in (0, 1))
+    buffers = [tuple(getattr(d, name) for d in destinations) for name in _LENGTHS]
     budget = default_budget(seq_lens.device) if budget is None else budget
     num_splits = bounded_num_splits(bs, max_len, budget)
     _PLANS.launch(
@@ -279,15 +214,20 @@ def fused_dsa_draft_decode_metadata_multi(
             seq_lens,
             req_pool_indices,
             req_to_token,
-            *slots,
+            buffers[0],
+            buffers[1],
+            page_table_1,
+            buffers[2],
+            buffers[3],
+            real_page_table,
             seq_lens.stride(0),
             req_pool_indices.stride(0),
             req_to_token.stride(0),
             req_to_token.stride(1),
-            page_table_1.stride(0),
-            page_table_1.stride(1),
-            real_page_table.stride(0),
-            real_page_table.stride(1),
+            page_table_1[0].stride(0),
+            page_table_1[0].stride(1),
+            real_page_table[0].stride(0),
+            real_page_table[0].stride(1),
             bs,
             max_len,
             num_splits,
@@ -295,20 +235,21 @@ def fused_dsa_draft_decode_metadata_multi(
             physical_page_size,
             has_pt1,
             has_real,
-            len(destinations),
         ),
         dict(
             BLOCK_BS=next_power_of_2(bs),
-            BLOCK_N=bounded.BLOCK_N,
-            TILE_N=bounded.TILE_N,
-            NUM_STAGES=bounded.NUM_STAGES,
+            BLOCK_N=common.BLOCK_N,
+            TILE_N=common.TILE_N,
+            NUM_STAGES=common.NUM_STAGES,
         ),
         input_len=bs,
-        num_warps=bounded.NUM_WARPS,
+        num_warps=common.NUM_WARPS,
     )
 
 
 _PLANS = LaunchPlans(_draft_decode_metadata_kernel, num_inputs=2)
+# The length vectors of a destination, in the kernel's parameter order.
+_LENGTHS = ("cache_seqlens", "cu_seqlens_k", "dsa_cache_seqlens", "dsa_cu_seqlens_k")
 
 
 def _buffer_ids(destinations) -> tuple:
@@ -360,10 +301,10 @@ def _check_destinations(
             raise TypeError(
                 f"destinations[{i}] must be a DecodeMetadataDestination, got {type(dest).__name__}"
             )
-    _check_common(seq_lens, req_pool_indices, req_to_token, bs, width, page_size, budget)
+    check_common(seq_lens, req_pool_indices, req_to_token, bs, width, page_size, budget)
     for i, dest in enumerate(destinations):
         with _naming(f"destinations[{i}]"):
-            _check_common(
+            check_common(
                 seq_lens,
                 req_pool_indices,
                 req_to_token,
@@ -380,7 +321,7 @@ def _check_destinations(
                 tensor = getattr(dest, name)
                 if tensor.stride(0) != 1:
                     raise ValueError(f"{name} must be contiguous, got stride {tensor.stride(0)}")
-            _page_tables(
+            page_tables(
                 dest.page_table_1, dest.real_page_table, bs, width, page_size, req_to_token.device
             )
     # The kernel takes one set of strides (and one compile) for all destinations.

@@ -34,8 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import default_budget
-from sglang_dsa_mtp.kernels.ops.host import cdiv
+from sglang_dsa_mtp.kernels.ops.host import cdiv, default_budget
 
 LIVE_BLOCK = 64  # live columns are whole KV blocks of this many tokens (DeepGEMM's BLOCK_KV)
 TILE_N = 1024  # columns one program moves per loop iteration
@@ -100,7 +99,21 @@ def copy_live_logits(
     0, past the width as the width). ``budget``: the most programs one launch may use (at least one
     per row); None uses 8 per SM (64 on the CPU).
     """
-    rows, width = _check_copy(src, dst, lengths, row_start, budget)
+    for name, tensor in (("src", src), ("dst", dst)):
+        mismatch = _layout_mismatch(name, tensor)
+        if mismatch is not None:
+            raise mismatch
+    rows, width = src.shape
+    if src.device != dst.device:
+        raise ValueError(f"src and dst must be on one device, got {src.device}, {dst.device}")
+    if dst.shape[1] != width:
+        raise ValueError(f"dst must be {width} columns wide like src, got {tuple(dst.shape)}")
+    _check_destination(dst, lengths, row_start, rows, budget)
+    _launch_copy(src, dst, lengths, row_start, budget)
+
+
+def _launch_copy(src, dst, lengths, row_start, budget) -> None:
+    rows, width = src.shape
     if rows == 0 or width == 0:
         return
     budget = default_budget(src.device) if budget is None else budget
@@ -136,6 +149,7 @@ def chunked_paged_mqa_logits_live(
     block_kv: int,
     budget: Optional[int] = None,
     out: Optional[torch.Tensor] = None,
+    on_whole_copy: Optional[Callable[[str], None]] = None,
 ) -> torch.Tensor:
     """The paged-MQA logits of ``q`` (``[rows, 1, heads, dim]``), chunk by chunk, into one output.
 
@@ -145,6 +159,11 @@ def chunked_paged_mqa_logits_live(
     ``out`` (default: a new contiguous ``[rows, max_len]`` fp32 tensor, the shape and layout of
     ``torch.cat``'s) with the chunks' live columns (see the module docstring) copied in, bit for
     bit; its other columns are not written.
+
+    Every argument is checked before the first chunk is computed (a bad one raises naming it). A
+    chunk the kernel's one compiled variant does not take (not fp32, misaligned, a row stride that
+    is not a multiple of 16) is copied whole instead, as ``torch.cat`` copies it, and
+    ``on_whole_copy`` is called with the reason: the call still computes each chunk once.
     """
     if q.dim() != 4 or q.shape[1] != 1:
         raise ValueError(
@@ -159,6 +178,12 @@ def chunked_paged_mqa_logits_live(
         raise ValueError(
             f"out must be [rows, max_len] = [{rows}, {max_len}], got {tuple(out.shape)}"
         )
+    mismatch = _layout_mismatch("out", out)
+    if mismatch is not None:
+        raise mismatch
+    if context_lens.device != out.device:
+        raise ValueError(f"context_lens is on {context_lens.device}, out on {out.device}")
+    _check_destination(out, context_lens, 0, rows, budget)
     for start in range(0, rows, chunk_rows):
         end = min(start + chunk_rows, rows)
         chunk_lens = context_lens[start:end]
@@ -172,7 +197,13 @@ def chunked_paged_mqa_logits_live(
             max_len,
             clean_logits=False,
         )
-        copy_live_logits(chunk, out, context_lens, row_start=start, budget=budget)
+        mismatch = _layout_mismatch("a chunk of logits", chunk, width=max_len, device=out.device)
+        if mismatch is None:
+            _launch_copy(chunk, out, context_lens, start, budget)
+        else:
+            out[start:end].copy_(chunk)
+            if on_whole_copy is not None:
+                on_whole_copy(str(mismatch))
         del chunk  # back to the allocator (or the graph pool) before the next chunk
     return out
 
@@ -214,31 +245,34 @@ def _row_stride(tensor: torch.Tensor) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_copy(src, dst, lengths, row_start, budget) -> tuple[int, int]:
-    for name, tensor in (("src", src), ("dst", dst), ("lengths", lengths)):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    for name, tensor in (("src", src), ("dst", dst)):
-        if tensor.dtype != torch.float32 or tensor.dim() != 2:
-            raise TypeError(
-                f"{name} must be a 2-D float32 tensor, got {tensor.dtype} {tuple(tensor.shape)}"
-            )
-        if tensor.shape[0] and tensor.shape[1] and tensor.stride(1) != 1:
-            raise ValueError(f"{name} must have unit column stride, got strides {tensor.stride()}")
-        if tensor.data_ptr() % 16:
-            raise ValueError(f"{name} must start 16-byte aligned (one compiled kernel variant)")
-        if tensor.shape[0] > 1 and tensor.stride(0) % ALIGN:
-            raise ValueError(
-                f"{name}'s row stride must be a multiple of {ALIGN}, got {tensor.stride(0)}"
-            )
-    if src.device != dst.device or lengths.device != dst.device:
-        raise ValueError(
-            f"src, dst and lengths must be on one device, got {src.device}, {dst.device}, "
-            f"{lengths.device}"
+def _layout_mismatch(name, tensor, *, width=None, device=None) -> Optional[Exception]:
+    """The error that ``tensor`` is not a 2-D fp32 layout of the kernel's one compiled variant
+    (unit column stride, 16-byte aligned start, row stride a multiple of 16), or None."""
+    if not isinstance(tensor, torch.Tensor):
+        return TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype != torch.float32 or tensor.dim() != 2:
+        return TypeError(
+            f"{name} must be a 2-D float32 tensor, got {tensor.dtype} {tuple(tensor.shape)}"
         )
-    rows, width = src.shape
-    if dst.shape[1] != width:
-        raise ValueError(f"dst must be {width} columns wide like src, got {tuple(dst.shape)}")
+    if width is not None and tensor.shape[1] != width:
+        return ValueError(f"{name} must be {width} columns wide, got {tuple(tensor.shape)}")
+    if device is not None and tensor.device != device:
+        return ValueError(f"{name} is on {tensor.device}, expected {device}")
+    if tensor.shape[0] and tensor.shape[1] and tensor.stride(1) != 1:
+        return ValueError(f"{name} must have unit column stride, got strides {tensor.stride()}")
+    if tensor.data_ptr() % 16:
+        return ValueError(f"{name} must start 16-byte aligned (one compiled kernel variant)")
+    if tensor.shape[0] > 1 and tensor.stride(0) % ALIGN:
+        return ValueError(
+            f"{name}'s row stride must be a multiple of {ALIGN}, got {tensor.stride(0)}"
+        )
+    return None
+
+
+def _check_destination(dst, lengths, row_start, rows, budget) -> None:
+    """The destination rows ``row_start .. + rows`` of ``dst`` (a checked layout), the lengths
+    read for them and the budget."""
+    width = dst.shape[1]
     if width % ALIGN:
         raise ValueError(f"the width must be a multiple of {ALIGN}, got {width}")
     if not isinstance(row_start, int) or row_start < 0 or row_start + rows > dst.shape[0]:
@@ -246,6 +280,10 @@ def _check_copy(src, dst, lengths, row_start, budget) -> tuple[int, int]:
             f"row_start must be an int with row_start + rows <= dst rows ({dst.shape[0]}), "
             f"got row_start={row_start!r} for {rows} rows"
         )
+    if not isinstance(lengths, torch.Tensor):
+        raise TypeError(f"lengths must be a torch.Tensor, got {type(lengths).__name__}")
+    if lengths.device != dst.device:
+        raise ValueError(f"lengths is on {lengths.device}, expected {dst.device}")
     if lengths.dtype != torch.int32:
         raise TypeError(f"lengths must be int32, got {lengths.dtype}")
     if lengths.dim() not in (1, 2) or (lengths.dim() == 2 and lengths.shape[1] != 1):
@@ -257,4 +295,3 @@ def _check_copy(src, dst, lengths, row_start, budget) -> tuple[int, int]:
         )
     if budget is not None and (not isinstance(budget, int) or budget < 1):
         raise ValueError(f"budget must be None or an int >= 1, got {budget!r}")
-    return rows, width

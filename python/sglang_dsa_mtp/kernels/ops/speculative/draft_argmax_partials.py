@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -207,6 +207,46 @@ def _draft_argmax_finalize_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
+class PartialsLayout(NamedTuple):
+    """One rank's share of the exchange, fixed for a deployment: see :func:`partials_layout`."""
+
+    shard_width: int
+    tp_rank: int
+    tp_size: int
+    vocab_size: int
+    splits: int  # candidates per row from this rank
+    col_base: int  # the global column of the shard's first column
+    valid_width: int  # the shard's columns below vocab_size (the rest is padding)
+
+
+def partials_layout(*, shard_width: int, tp_rank: int, tp_size: int, vocab_size: int):
+    """The checked launch layout of rank ``tp_rank`` of ``tp_size`` owning ``shard_width`` columns of
+    a ``vocab_size`` vocabulary; raises naming the argument that is wrong."""
+    _check_int("shard_width", shard_width, low=1)
+    _check_int("tp_size", tp_size, low=1)
+    _check_int("tp_rank", tp_rank, low=0)
+    if tp_rank >= tp_size:
+        raise ValueError(f"tp_rank must be < tp_size ({tp_size}), got {tp_rank}")
+    _check_int("vocab_size", vocab_size, low=1)
+    if vocab_size > tp_size * shard_width:
+        raise ValueError(
+            f"vocab_size ({vocab_size}) must be <= tp_size * shard_width "
+            f"({tp_size} * {shard_width} = {tp_size * shard_width})"
+        )
+    if vocab_size > MAX_VOCAB:
+        raise ValueError(f"vocab_size must be <= {MAX_VOCAB} (exact fp32 lanes), got {vocab_size}")
+    col_base = tp_rank * shard_width
+    return PartialsLayout(
+        shard_width,
+        tp_rank,
+        tp_size,
+        vocab_size,
+        splits_per_rank(shard_width),
+        col_base,
+        max(0, min(shard_width, vocab_size - col_base)),
+    )
+
+
 def draft_argmax_partials(
     logits_shard: torch.Tensor,
     *,
@@ -234,22 +274,11 @@ def draft_argmax_partials(
     rows, shard_width = logits_shard.shape
     if shard_width < 1:
         raise ValueError(f"logits_shard must have at least one column, got shape {(rows, 0)}")
-    _check_int("tp_size", tp_size, low=1)
-    _check_int("tp_rank", tp_rank, low=0)
-    if tp_rank >= tp_size:
-        raise ValueError(f"tp_rank must be < tp_size ({tp_size}), got {tp_rank}")
-    _check_int("vocab_size", vocab_size, low=1)
-    if vocab_size > tp_size * shard_width:
-        raise ValueError(
-            f"vocab_size ({vocab_size}) must be <= tp_size * shard_width "
-            f"({tp_size} * {shard_width} = {tp_size * shard_width})"
-        )
-    if vocab_size > MAX_VOCAB:
-        raise ValueError(f"vocab_size must be <= {MAX_VOCAB} (exact fp32 lanes), got {vocab_size}")
-    shape = exchange_shape(rows, shard_width, tp_size)
-    if out is None:
-        out = torch.empty(shape, dtype=torch.float32, device=logits_shard.device)
-    else:
+    layout = partials_layout(
+        shard_width=shard_width, tp_rank=tp_rank, tp_size=tp_size, vocab_size=vocab_size
+    )
+    if out is not None:
+        shape = exchange_shape(rows, shard_width, tp_size)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
         if out.dtype != torch.float32:
@@ -263,26 +292,40 @@ def draft_argmax_partials(
             raise ValueError(
                 f"out is on {out.device}, expected {logits_shard.device} (where logits_shard is)"
             )
+    return launch_partials(layout, logits_shard, out)
+
+
+def launch_partials(
+    layout: PartialsLayout, logits_shard: torch.Tensor, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """:func:`draft_argmax_partials` with its checks done ahead: ``layout`` from
+    :func:`partials_layout`, ``logits_shard`` a 2-D bf16 or fp32 ``[rows, layout.shard_width]``
+    tensor, ``out`` None or a matching buffer. Launches without checking anything (the per-step
+    path of a deployment whose checks ran at its opt-in)."""
+    rows = logits_shard.shape[0]
+    if out is None:
+        out = torch.empty(
+            (rows, layout.tp_size * layout.splits * LANES),
+            dtype=torch.float32,
+            device=logits_shard.device,
+        )
     if rows == 0:
         return out
-    splits = splits_per_rank(shard_width)
-    col_base = tp_rank * shard_width
-    valid_width = max(0, min(shard_width, vocab_size - col_base))
-    _draft_argmax_partials_kernel[(rows, splits)](
+    _draft_argmax_partials_kernel[(rows, layout.splits)](
         logits_shard,
         out,
         logits_shard.stride(0),
         logits_shard.stride(1),
         out.stride(0),
         out.stride(1),
-        tp_rank,
-        tp_size,
-        splits,
-        col_base,
-        valid_width,
+        layout.tp_rank,
+        layout.tp_size,
+        layout.splits,
+        layout.col_base,
+        layout.valid_width,
         NEG_1E30_BITS=_NEG_1E30_BITS,
         BLOCK_N=SPLIT_N,
-        BLOCK_TP=next_power_of_2(tp_size),
+        BLOCK_TP=next_power_of_2(layout.tp_size),
         LANES=LANES,
         num_warps=PARTIALS_NUM_WARPS,
     )
@@ -314,13 +357,10 @@ def draft_argmax_finalize(
         raise TypeError(f"exchange must be a torch.Tensor, got {type(exchange).__name__}")
     if exchange.dtype != torch.float32:
         raise TypeError(f"exchange must be float32, got {exchange.dtype}")
-    if exchange.dim() == 2 and exchange.shape[1] % LANES == 0 and exchange.shape[1] > 0:
-        num_slots = exchange.shape[1] // LANES
-        stride_slot, stride_lane = LANES * exchange.stride(1), exchange.stride(1)
-    elif exchange.dim() == 3 and exchange.shape[2] == LANES and exchange.shape[1] > 0:
-        num_slots = exchange.shape[1]
-        stride_slot, stride_lane = exchange.stride(1), exchange.stride(2)
-    else:
+    if not (
+        (exchange.dim() == 2 and exchange.shape[1] % LANES == 0 and exchange.shape[1] > 0)
+        or (exchange.dim() == 3 and exchange.shape[2] == LANES and exchange.shape[1] > 0)
+    ):
         raise ValueError(
             f"exchange must be [rows, slots * {LANES}] or [rows, slots, {LANES}] with slots >= 1, "
             f"got shape {tuple(exchange.shape)}"
@@ -357,6 +397,33 @@ def draft_argmax_finalize(
                 f"draft_token_column must be < draft_tokens.shape[1] ({draft_tokens.shape[1]}), "
                 f"got {draft_token_column}"
             )
+    return launch_finalize(
+        exchange,
+        positions,
+        draft_tokens,
+        draft_token_column,
+        propagate_nan=nan_policy == "propagate",
+    )
+
+
+def launch_finalize(
+    exchange: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    draft_tokens: Optional[torch.Tensor] = None,
+    draft_token_column: int = 0,
+    *,
+    propagate_nan: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`draft_argmax_finalize` without its checks (``nan_policy="propagate"`` is
+    ``propagate_nan=True``): the per-step path, whose arguments SGLang's worker builds the same way
+    at every step of a deployment checked at its opt-in."""
+    if exchange.dim() == 2:
+        num_slots = exchange.shape[1] // LANES
+        stride_slot, stride_lane = LANES * exchange.stride(1), exchange.stride(1)
+    else:
+        num_slots = exchange.shape[1]
+        stride_slot, stride_lane = exchange.stride(1), exchange.stride(2)
+    rows, device = exchange.shape[0], exchange.device
     topk_p = torch.empty((rows, 1), dtype=torch.float32, device=device)
     topk_index = torch.empty((rows, 1), dtype=torch.int64, device=device)
     if rows == 0:
@@ -376,7 +443,7 @@ def draft_argmax_finalize(
         draft_tokens.stride(1) if write_draft_token else 0,
         draft_token_column if write_draft_token else 0,
         num_slots,
-        PROPAGATE_NAN=nan_policy == "propagate",
+        PROPAGATE_NAN=propagate_nan,
         HAS_POSITIONS=has_positions,
         WRITE_DRAFT_TOKEN=write_draft_token,
         BLOCK_SLOTS=next_power_of_2(num_slots),

@@ -50,8 +50,9 @@ import traceback
 import torch
 import triton
 
-from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.test.bench_cli import (
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
+from sglang_dsa_mtp.kernels.ops.host import default_budget
+from sglang_dsa_mtp.testing.bench_cli import (
     add_timing_arguments,
     benchmark_parser,
     markdown_header,
@@ -63,13 +64,13 @@ from sglang_dsa_mtp.test.bench_cli import (
     variant_name,
     write_json,
 )
-from sglang_dsa_mtp.test.metadata_cases import (
+from sglang_dsa_mtp.testing.metadata_cases import (
     WIDTH_1M,
     make_case,
     run_draft_decode_multi,
     run_stock_draft_decode,
 )
-from sglang_dsa_mtp.test.timing import (
+from sglang_dsa_mtp.testing.timing import (
     copy_bandwidth_bytes_per_us,
     cuda_graph_time_us,
     launch_floor_us,
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
         f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
         f"triton {triton.__version__}; width {WIDTH}, page {PAGE}, topk {TOPK}, "
         f"{'hot' if args.hot_l2 else 'cold'} L2; default budget "
-        f"{bounded.default_budget(torch.device('cuda'))}"
+        f"{default_budget(torch.device('cuda'))}"
     )
     print(
         f"# launch floor {launch:.2f} us, copy bandwidth {bandwidth / 1e6:.2f} TB/s (read + write)"
@@ -208,7 +209,7 @@ def main(argv=None) -> int:
                 if "one_launch" in arms:
                     for variant in variants:
                         name = variant_name(variant).replace("ours", "one launch", 1)
-                        with tunables(bounded, variant) as budget:
+                        with tunables(common, variant) as budget:
                             timed(name, lambda: run_draft_decode_multi(case, outs, budget=budget))
                         ours.append(row[name])
                 if "bounded" in arms:

@@ -50,8 +50,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live  # noqa: E402
-from sglang_dsa_mtp.test import indexer_cases as cases  # noqa: E402
-from sglang_dsa_mtp.test.bench_cli import (  # noqa: E402
+from sglang_dsa_mtp.testing import indexer_cases as cases  # noqa: E402
+from sglang_dsa_mtp.testing.bench_cli import (  # noqa: E402
     add_timing_arguments,
     benchmark_parser,
     markdown_header,
@@ -63,7 +63,7 @@ from sglang_dsa_mtp.test.bench_cli import (  # noqa: E402
     variant_name,
     write_json,
 )
-from sglang_dsa_mtp.test.timing import (  # noqa: E402
+from sglang_dsa_mtp.testing.timing import (  # noqa: E402
     copy_bandwidth_bytes_per_us,
     cuda_graph_time_us,
     graph_pool_peak_bytes,

@@ -24,7 +24,7 @@ rounds), each arm called as the server calls it, on the same buffers at every ca
 
 * decode, target verify, draft extend: ``sglang`` is SGLang's kernel wrapper with the keyword
   arguments of its replay; ``ours`` is what the plugin puts in its place, our wrapper behind the
-  per-bs fallback (``integration.fallback.with_fallback``), with the same arguments;
+  per-bs fallback (``integration.fallback.Fallback``), with the same arguments;
 * ``draft_decode`` (the MTP draft-decode replay, ``--steps`` step backends): ``sglang`` is its
   precompute (a ``torch.empty`` scratch and SGLang's decode kernel) plus the copies into every step
   backend, one ``torch._foreach_copy_`` standing in for SGLang's JIT copy kernel (not on a machine
@@ -46,9 +46,10 @@ import sys
 import torch
 import triton
 
-from sglang_dsa_mtp.integration.fallback import with_fallback
-from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.test.bench_cli import (
+from sglang_dsa_mtp.integration.fallback import Fallback
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
+from sglang_dsa_mtp.kernels.ops.host import default_budget
+from sglang_dsa_mtp.testing.bench_cli import (
     add_timing_arguments,
     benchmark_parser,
     markdown_header,
@@ -60,14 +61,14 @@ from sglang_dsa_mtp.test.bench_cli import (
     variant_name,
     write_json,
 )
-from sglang_dsa_mtp.test.metadata_cases import (
+from sglang_dsa_mtp.testing.metadata_cases import (
     kernel_for,
     make_case,
     run_draft_decode_multi,
     run_stock_draft_decode,
     stock_scratch,
 )
-from sglang_dsa_mtp.test.timing import (
+from sglang_dsa_mtp.testing.timing import (
     copy_bandwidth_bytes_per_us,
     cuda_graph_time_us,
     host_times_us,
@@ -99,7 +100,7 @@ def bytes_moved(case) -> int:
 
 def time_arm(case, arm, out, args, overrides=None) -> float:
     """Microseconds per call of ``arm``; ``overrides`` set our tunables for this measurement."""
-    with tunables(bounded, overrides) as budget:
+    with tunables(common, overrides) as budget:
         return cuda_graph_time_us(
             lambda: case.run(arm, out, budget=budget),
             calls=args.calls,
@@ -114,7 +115,7 @@ def host_calls(op, case, out, steps: int) -> dict:
     kwargs = case.kwargs(out)
     if op != "draft_decode":
         sglang = kernel_for(case.op, "sglang")
-        ours = with_fallback(kernel_for(case.op, "bounded"), sglang, what=case.op)
+        ours = Fallback(kernel_for(case.op, "bounded"), sglang, what=case.op)
         return {
             "sglang": functools.partial(sglang, **kwargs),
             "ours": functools.partial(ours, **kwargs),
@@ -213,7 +214,7 @@ def main(argv=None) -> int:
         f"triton {triton.__version__}; width {WIDTH}, page {PAGE}, next_n {NEXT_N}, "
         f"{'host time per call' if args.host else ('hot' if args.hot_l2 else 'cold') + ' L2'}; "
         "default budget "
-        f"{bounded.default_budget(torch.device('cuda'))}"
+        f"{default_budget(torch.device('cuda'))}"
     )
     print(
         f"# launch floor {launch:.2f} us, copy bandwidth {bandwidth / 1e6:.2f} TB/s (read + write)"

@@ -49,18 +49,18 @@ import torch.distributed as dist
 import triton
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
-from sglang_dsa_mtp.test import argmax_cases as cases
-from sglang_dsa_mtp.test import gpu_tp
-from sglang_dsa_mtp.test.bench_cli import (
+from sglang_dsa_mtp.testing import argmax_cases as cases
+from sglang_dsa_mtp.testing import gpu_tp
+from sglang_dsa_mtp.testing.bench_cli import (
     benchmark_parser,
     markdown_header,
     markdown_row,
     parse_list,
     tunables,
 )
-from sglang_dsa_mtp.test.process_group import run_group
-from sglang_dsa_mtp.test.reference import topk1_module
-from sglang_dsa_mtp.test.timing import capture_graph
+from sglang_dsa_mtp.testing.process_group import run_group
+from sglang_dsa_mtp.testing.reference import topk1_module
+from sglang_dsa_mtp.testing.timing import capture_graph
 
 COMMS = ("nccl", "symm_mem")
 TARGET_US = 5.0

@@ -48,15 +48,15 @@ from sglang_dsa_mtp.devices import select_device
 
 select_device()  # before any kernel module is imported: on a CPU (--dry-run), Triton's interpreter
 
-from sglang_dsa_mtp.test import argmax_cases as cases  # noqa: E402
-from sglang_dsa_mtp.test import gpu_tp, sglang_gpu_tp  # noqa: E402
-from sglang_dsa_mtp.test.bench_cli import (  # noqa: E402
+from sglang_dsa_mtp.testing import argmax_cases as cases  # noqa: E402
+from sglang_dsa_mtp.testing import gpu_tp, sglang_gpu_tp  # noqa: E402
+from sglang_dsa_mtp.testing.bench_cli import (  # noqa: E402
     benchmark_parser,
     markdown_header,
     markdown_row,
     parse_list,
 )
-from sglang_dsa_mtp.test.process_group import run_group  # noqa: E402
+from sglang_dsa_mtp.testing.process_group import run_group  # noqa: E402
 
 DRY_RUN = dict(vocab=1001, hidden=64, rows=[1, 3])
 ARMS = ("GEMM", "gather", "all-reduce", "GEMM + all-reduce", "exchange")
@@ -140,7 +140,7 @@ class DraftStep:
 
     def step(self, name):
         """SGLang's draft-decode forward and greedy pick with processor ``name``."""
-        from sglang_dsa_mtp.test.cpu_tp import logits_forward, sglang_pick
+        from sglang_dsa_mtp.testing.cpu_tp import logits_forward, sglang_pick
 
         output = logits_forward(self.processors[name], self.lm_head, self.hidden, mode="decode")
         return sglang_pick(output, "decode", self.positions, self.draft_tokens)["topk_index"]
@@ -156,7 +156,7 @@ def bench_route(rank, world, init_method, args, route, result_file):
             from sglang_dsa_mtp import plugin
             from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
             from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
-            from sglang_dsa_mtp.test.cpu_tp import build_lm_head, logits_processor
+            from sglang_dsa_mtp.testing.cpu_tp import build_lm_head, logits_processor
 
             plugin.register()
             HookRegistry.apply_hooks()
@@ -171,7 +171,10 @@ def bench_route(rank, world, init_method, args, route, result_file):
             report["engaged"] = engaged
             report["predicted"] = all_reduce_route(group, probe)[0]
             if device.type == "cuda":
-                from sglang_dsa_mtp.test.timing import copy_bandwidth_bytes_per_us, launch_floor_us
+                from sglang_dsa_mtp.testing.timing import (
+                    copy_bandwidth_bytes_per_us,
+                    launch_floor_us,
+                )
 
                 report["launch_floor_us"] = launch_floor_us()
                 weight_bytes = lm_head.weight.numel() * lm_head.weight.element_size()

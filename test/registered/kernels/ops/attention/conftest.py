@@ -5,14 +5,15 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.test.metadata_cases import WIDTH_1M
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
+from sglang_dsa_mtp.testing.metadata_cases import WIDTH_1M
 
 
-@pytest.fixture(params=[128, bounded.TILE_N], ids=["tile128", f"tile{bounded.TILE_N}-default"])
+@pytest.fixture(params=[128, common.TILE_N], ids=["tile128", f"tile{common.TILE_N}-default"])
 def tile_n(request, monkeypatch):
     """Run each CPU case with one-block tiles and with the default tile (256 columns): at the CPU
     width of 300, 3 and 2 tiles per full row, the last one partial."""
-    monkeypatch.setattr(bounded, "TILE_N", request.param)
+    monkeypatch.setattr(common, "TILE_N", request.param)
     return request.param
 
 
@@ -22,7 +23,7 @@ def two_programs_per_request(request, monkeypatch):
     their live tiles): from the budget itself (7 // 3), or from the cap of programs per request
     (``MAX_SPLITS_PER_REQUEST`` set to 2, under a budget that would allow 33333)."""
     if request.param == "cap":
-        monkeypatch.setattr(bounded, "MAX_SPLITS_PER_REQUEST", 2)
+        monkeypatch.setattr(common, "MAX_SPLITS_PER_REQUEST", 2)
         return 100_000
     return 7
 
@@ -49,7 +50,7 @@ def grid_case(request, monkeypatch):
     columns are 2 and 5 tiles, not 1 and 4."""
     requests, width, budget, cap, programs = request.param
     if cap is not None:
-        monkeypatch.setattr(bounded, "MAX_SPLITS_PER_REQUEST", cap)
+        monkeypatch.setattr(common, "MAX_SPLITS_PER_REQUEST", cap)
     return requests, width, budget, programs
 
 

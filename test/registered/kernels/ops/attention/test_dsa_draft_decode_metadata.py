@@ -32,7 +32,7 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
 )
-from sglang_dsa_mtp.test.metadata_cases import (
+from sglang_dsa_mtp.testing.metadata_cases import (
     POISON,
     SMALL_TOPK,
     SMALL_WIDTH,

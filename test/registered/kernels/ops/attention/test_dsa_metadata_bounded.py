@@ -10,7 +10,9 @@ import torch
 import triton
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.test.metadata_cases import (
+from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import bounded_num_splits
+from sglang_dsa_mtp.kernels.ops.host import default_budget
+from sglang_dsa_mtp.testing.metadata_cases import (
     OPS,
     POISON,
     SMALL_TOPK,
@@ -267,9 +269,9 @@ def test_bounded_num_splits_is_the_budget_per_request_capped_by_256_and_the_widt
     requests, width, budget, expected
 ):
     if budget is None:
-        budget = bounded.default_budget(CPU)
+        budget = default_budget(CPU)
         expected = min(budget, 256)
-    assert bounded.bounded_num_splits(requests, width, budget) == expected
+    assert bounded_num_splits(requests, width, budget) == expected
 
 
 @pytest.mark.parametrize("op", OPS)

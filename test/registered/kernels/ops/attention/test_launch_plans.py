@@ -13,7 +13,7 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
 from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans
-from sglang_dsa_mtp.test.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
+from sglang_dsa_mtp.testing.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
 
 BS = 6
 ROUNDS = 5

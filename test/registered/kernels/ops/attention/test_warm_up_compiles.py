@@ -1,7 +1,7 @@
 """After the warm-up, replaying every captured batch size compiles nothing.
 
 The plugin warms up, at capture, the exact kernel variant each replay-metadata call will launch
-(``dsa_metadata_bounded.warm_up``, called from ``integration/dsa_metadata_capture.py`` and
+(``launch.warm_up``, called from ``integration/dsa_metadata_capture.py`` and
 ``integration/dsa_mtp_draft_metadata.py`` with the arguments SGLang's replay passes: checked on the
 CPU against SGLang's real replay in ``test/registered/integration/test_dsa_metadata_capture.py``).
 Here, on the GPU (Triton's interpreter compiles nothing), the compiled variants of our kernels are
@@ -17,8 +17,9 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.test.compiles import count_compiles, forget_compiled
-from sglang_dsa_mtp.test.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
+from sglang_dsa_mtp.kernels.ops.launch import warm_up
+from sglang_dsa_mtp.testing.compiles import count_compiles, forget_compiled
+from sglang_dsa_mtp.testing.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
 
 # Batch sizes from SGLang's default capture list: every power-of-two class our kernels specialize on
 # (the request count, and the expanded rows of verify and draft extend) up to 64.
@@ -57,13 +58,13 @@ def test_no_compile_after_the_warm_up_of_every_captured_bs(req_to_token_1m):
     with count_compiles() as warm_up_compiles:
         for bs in CAPTURED:
             for op, buffers in backends.items():
-                bounded.warm_up(kernel_for(op, "bounded"), **buffers.replay_kwargs(op, bs))
+                warm_up(kernel_for(op, "bounded"), **buffers.replay_kwargs(op, bs))
             for n in range(1, 5):
                 first = steps[0].replay_kwargs("decode", bs)
                 kwargs = one_launch_kwargs(
                     steps[:n], bs, first["seq_lens"], first["req_pool_indices"]
                 )
-                bounded.warm_up(draft.fused_dsa_draft_decode_metadata_multi, **kwargs)
+                warm_up(draft.fused_dsa_draft_decode_metadata_multi, **kwargs)
     assert warm_up_compiles.names, "the warm-up compiled nothing: the compile count is not working"
 
     gen = torch.Generator().manual_seed(page_size)

@@ -7,7 +7,7 @@ and SGLang 0.5.23's files (for ``draft_topk1_postprocess``, loaded by file path)
 machine set up from the wheel (``test/gpu_env.sh``) lacks; that part is tested in a CPU process
 group where SGLang imports.
 
-Each rank (``sglang_dsa_mtp.test.gpu_tp.exchange_tp_worker``): a real bf16 LM-head GEMM of shared random hidden
+Each rank (``sglang_dsa_mtp.testing.gpu_tp.exchange_tp_worker``): a real bf16 LM-head GEMM of shared random hidden
 states (hidden 6144) against its own weight shard, for vocab 154880, 129281 and 1001 (SGLang's padded
 shards; the padded columns hold +inf / NaN / 1e30 and the rows carry the hard patterns), rows 1..16:
 
@@ -30,8 +30,8 @@ are.
 import pytest
 import torch
 
-from sglang_dsa_mtp.test.gpu_tp import exchange_tp_worker
-from sglang_dsa_mtp.test.process_group import read_reports, run_group
+from sglang_dsa_mtp.testing.gpu_tp import exchange_tp_worker
+from sglang_dsa_mtp.testing.process_group import read_reports, run_group
 
 pytestmark = pytest.mark.gpu
 

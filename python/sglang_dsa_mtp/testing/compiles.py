@@ -1,6 +1,6 @@
 """Counting Triton JIT compiles, for the GPU tests that check nothing compiles on the serving path.
 
-    from sglang_dsa_mtp.test.compiles import count_compiles, forget_compiled
+    from sglang_dsa_mtp.testing.compiles import count_compiles, forget_compiled
 
     forget_compiled(kernel_a, kernel_b)  # their next launches compile again
     with count_compiles() as warm:

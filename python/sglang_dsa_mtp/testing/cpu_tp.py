@@ -1,11 +1,11 @@
 """SGLang 0.5.23's real LM-head logits path in a tensor-parallel group of CPU processes (gloo).
 
 * :func:`sglang_parallel_groups`: inside a process started by
-  :func:`sglang_dsa_mtp.test.process_group.run_group`, publishes a dummy SGLang config with
+  :func:`sglang_dsa_mtp.testing.process_group.run_group`, publishes a dummy SGLang config with
   ``tp_size=world`` and the given server args, sets SGLang's all-reduce switches from it, builds
   SGLang's distributed environment and model-parallel groups, and tears them down on exit;
   :func:`sglang_tp_group` is its CPU (gloo) form (the GPU form is
-  :func:`sglang_dsa_mtp.test.sglang_gpu_tp.sglang_gpu_tp_group`).
+  :func:`sglang_dsa_mtp.testing.sglang_gpu_tp.sglang_gpu_tp_group`).
 * :func:`build_lm_head`: a vocab-parallel ``ParallelLMHead`` holding this rank's shard of a seeded
   full weight, and a ``LogitsProcessor`` that all-gathers the logits over the TP group;
   :func:`build_shared_draft_head`: the same for a quantized checkpoint's NextN draft head, built and
@@ -199,13 +199,13 @@ def build_shared_draft_head(
     tie: Optional[tuple[int, int]] = None,
 ):
     """``(lm_head, processor, full_weight)`` of a NextN draft deployed from ``checkpoint``
-    (:mod:`sglang_dsa_mtp.test.deployment`), inside :func:`sglang_tp_group`: the target's head loads
+    (:mod:`sglang_dsa_mtp.testing.deployment`), inside :func:`sglang_tp_group`: the target's head loads
     its shard of :func:`full_lm_head_weight` (column ``tie[0]`` a copy of ``tie[1]``), and SGLang's
     draft worker gives its weight to the draft's head, which keeps the quant method the
     checkpoint's config gave it. The processor is the draft model's ``LogitsProcessor(config)``."""
     from sglang.srt.layers.logits_processor import LogitsProcessor
 
-    from sglang_dsa_mtp.test import deployment
+    from sglang_dsa_mtp.testing import deployment
 
     full_weight = full_lm_head_weight(vocab_size, hidden, dtype=dtype, seed=seed)
     if tie is not None:

@@ -2,7 +2,7 @@
 
 import json
 
-from sglang_dsa_mtp.test.bench_cli import (
+from sglang_dsa_mtp.testing.bench_cli import (
     SPEC_EPILOG,
     benchmark_parser,
     measurements,

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_dsa_mtp.test.reference import speculative_module
+from sglang_dsa_mtp.testing.reference import speculative_module
 
 FIELDS = ("draft_token", "positions", "retrieve_index", "retrieve_next_token")
 FIELDS += ("retrieve_next_sibling", "out_cache_loc")

@@ -26,9 +26,9 @@ import triton
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.test.check import CheckResult
-from sglang_dsa_mtp.test.reference import kpool_module, metadata_module
-from sglang_dsa_mtp.test.timing import cuda_graph_time_us
+from sglang_dsa_mtp.selfcheck import CheckResult
+from sglang_dsa_mtp.testing.reference import kpool_module, metadata_module
+from sglang_dsa_mtp.testing.timing import cuda_graph_time_us
 
 POISON = -0x2B2B2B2B  # sentinel every output buffer starts with
 SPARE = 2  # rows / entries past the live batch in every output buffer, which must stay untouched

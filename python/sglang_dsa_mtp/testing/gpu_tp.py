@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
-from sglang_dsa_mtp.test.argmax_cases import (
+from sglang_dsa_mtp.testing.argmax_cases import (
     HIDDEN,
     VOCAB,
     check_pick,
@@ -29,7 +29,7 @@ from sglang_dsa_mtp.test.argmax_cases import (
     sum_buffers,
     sum_orders,
 )
-from sglang_dsa_mtp.test.timing import capture_graph, replay_us
+from sglang_dsa_mtp.testing.timing import capture_graph, replay_us
 
 SLEEP_CYCLES = 2_000_000  # ~1 ms at 2 GHz: both hosts enqueue the timed replay meanwhile
 

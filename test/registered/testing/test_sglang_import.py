@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dsa_mtp.test import sglang_import
-from sglang_dsa_mtp.test.sglang_import import NOT_INSTALLED, require_sglang
+from sglang_dsa_mtp.testing import sglang_import
+from sglang_dsa_mtp.testing.sglang_import import NOT_INSTALLED, require_sglang
 
 TESTS = Path(__file__).resolve().parents[1]
 

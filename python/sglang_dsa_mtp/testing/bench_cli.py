@@ -3,7 +3,7 @@
 The help layout (:class:`HelpFormatter`, :func:`benchmark_parser`), the timing options every
 benchmark takes (:func:`add_timing_arguments`), the ``--tune NAME=v1,v2`` sweeps of our kernels'
 tunables, comma-separated integer lists, markdown table rows, and the JSON file of every
-measurement. The timing itself is in :mod:`sglang_dsa_mtp.test.timing`.
+measurement. The timing itself is in :mod:`sglang_dsa_mtp.testing.timing`.
 """
 
 from __future__ import annotations

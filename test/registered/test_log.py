@@ -2,6 +2,7 @@
 (``[time TP0] message``) prints no logger name, so the prefix is what finds our lines there."""
 
 import ast
+import logging
 from pathlib import Path
 
 import pytest
@@ -13,14 +14,15 @@ LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
 
 
 def log_messages(path: Path) -> list[tuple[int, object]]:
-    """(line, message) of each ``log_once(level, key, msg, ...)`` and ``logger.<level>(msg, ...)``
-    call in ``path``; the message is the literal string, or its AST node when it is not one."""
+    """(line, message) of each ``log_once(level, key, msg, ...)``, ``log_failure(key, exc, msg,
+    ...)`` and ``logger.<level>(msg, ...)`` call in ``path``; the message is the literal string, or
+    its AST node when it is not one."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        if isinstance(func, ast.Name) and func.id == "log_once" and len(node.args) >= 3:
+        if isinstance(func, ast.Name) and func.id in ("log_once", "log_failure"):
             message = node.args[2]
         elif (
             isinstance(func, ast.Attribute)
@@ -40,7 +42,10 @@ def log_messages(path: Path) -> list[tuple[int, object]]:
 SOURCES = [
     path
     for path in sorted(PACKAGE.rglob("*.py"))
-    if "test" not in path.relative_to(PACKAGE).parts and log_messages(path)
+    # log.py holds the helpers, which pass their callers' messages on.
+    if "testing" not in path.relative_to(PACKAGE).parts
+    and path.name != "log.py"
+    and log_messages(path)
 ]
 
 
@@ -54,3 +59,15 @@ def test_every_log_message_starts_with_the_plugin_name(path):
     for line, message in log_messages(path):
         assert isinstance(message, str), f"{path.name}:{line}: the message is not a literal"
         assert message.startswith("sglang_dsa_mtp: "), f"{path.name}:{line}: {message!r}"
+
+
+def test_log_failure_logs_once_at_error_with_the_exception(caplog, monkeypatch):
+    from sglang_dsa_mtp import log
+
+    monkeypatch.setattr(log, "_seen", set())
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        for _ in range(2):
+            log.log_failure(("k",), RuntimeError("boom"), "sglang_dsa_mtp: %s failed", "x")
+    assert [r.getMessage() for r in caplog.records] == [
+        "sglang_dsa_mtp: x failed: RuntimeError: boom"
+    ]

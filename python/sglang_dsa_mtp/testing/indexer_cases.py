@@ -1,7 +1,7 @@
 """Indexer paged-MQA logits scenarios: SGLang's chunked concat against the live-column copy.
 
 Everything SGLang-side here is SGLang 0.5.23's own code, loaded from its files without importing the
-``sglang`` package (:mod:`sglang_dsa_mtp.test.reference`), so it runs on the GPU machine too:
+``sglang`` package (:mod:`sglang_dsa_mtp.testing.reference`), so it runs on the GPU machine too:
 
 - :func:`sglang_split`: ``deepgemm_paged_mqa_logits_split`` (``kernels/ops/attention/dsa/paged_mqa_logits.py``);
 - :func:`sglang_chunked_closure`: the ``_chunked_fp8_paged_mqa_logits`` closure of
@@ -31,9 +31,9 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 from sglang_dsa_mtp.kernels.ops.host import cdiv
-from sglang_dsa_mtp.test.check import CheckResult
-from sglang_dsa_mtp.test.reference import load_sglang_file, sglang_function
-from sglang_dsa_mtp.test.timing import cuda_graph_time_us
+from sglang_dsa_mtp.selfcheck import CheckResult
+from sglang_dsa_mtp.testing.reference import load_sglang_file, sglang_function
+from sglang_dsa_mtp.testing.timing import cuda_graph_time_us
 
 HEAD_DIM = 128  # the indexer's head dim (DeepSeek-V3.2, GLM-5)
 HEADS = 64  # DeepSeek-V3.2's index heads

@@ -1,11 +1,11 @@
-"""The CUDA-graph timing the self-checks, GPU tests and benchmarks share (``sglang_dsa_mtp.test.timing``)."""
+"""The CUDA-graph timing the self-checks, GPU tests and benchmarks share (``sglang_dsa_mtp.testing.timing``)."""
 
 import math
 
 import pytest
 import torch
 
-from sglang_dsa_mtp.test.timing import cuda_graph_time_us
+from sglang_dsa_mtp.testing.timing import cuda_graph_time_us
 
 
 @pytest.mark.parametrize("calls,replays", [(0, 30), (20, 0)])

@@ -13,8 +13,8 @@
   file path, ``nan_policy="sanitize"``) or ``torch.argmax`` (``"propagate"``).
 * :func:`check_draft_argmax_exchange`: the self-check of ``python -m sglang_dsa_mtp``.
 
-A real TP group of GPUs is in :mod:`sglang_dsa_mtp.test.gpu_tp`, one of CPUs in
-:mod:`sglang_dsa_mtp.test.cpu_tp`.
+A real TP group of GPUs is in :mod:`sglang_dsa_mtp.testing.gpu_tp`, one of CPUs in
+:mod:`sglang_dsa_mtp.testing.cpu_tp`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Optional
 import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
-from sglang_dsa_mtp.test.check import CheckResult
-from sglang_dsa_mtp.test.reference import topk1_module
-from sglang_dsa_mtp.test.timing import cuda_graph_time_us
+from sglang_dsa_mtp.selfcheck import CheckResult
+from sglang_dsa_mtp.testing.reference import topk1_module
+from sglang_dsa_mtp.testing.timing import cuda_graph_time_us
 
 VOCAB = 154880  # GLM-5 / the spec's draft-step table
 HIDDEN = 6144

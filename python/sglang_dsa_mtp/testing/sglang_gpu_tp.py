@@ -13,7 +13,7 @@ capture, set through SGLang's own switches (:data:`ROUTES`: server args and envi
 * ``gloo``: the CPU form (gloo, no device communicators), for CI.
 
 * :func:`sglang_gpu_tp_group`: in a process started by
-  :func:`sglang_dsa_mtp.test.process_group.run_group`, one per GPU, SGLang's TP group for a route
+  :func:`sglang_dsa_mtp.testing.process_group.run_group`, one per GPU, SGLang's TP group for a route
   (NCCL, SGLang's device communicators), built by ``cpu_tp.sglang_parallel_groups``. SGLang's
   native packages that the harness never calls are stubbed first (:mod:`.sglang_stubs`).
 * :class:`AllReduceRecorder`: which of the group's communicators actually ran each all-reduce,
@@ -40,14 +40,14 @@ from typing import Optional
 import torch
 
 from sglang_dsa_mtp.devices import select_device
-from sglang_dsa_mtp.test.argmax_cases import (
+from sglang_dsa_mtp.testing.argmax_cases import (
     differences,
     make_overlay,
     padded_shard_width,
     pick_state,
     reference_pick,
 )
-from sglang_dsa_mtp.test.sglang_stubs import install_native_stubs
+from sglang_dsa_mtp.testing.sglang_stubs import install_native_stubs
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def sglang_gpu_tp_group(rank: int, world: int, init_method: str, route: Route):
     builds the group with ``cpu_tp.sglang_parallel_groups(backend="nccl")`` and the route's server
     args: SGLang's own ``GroupCoordinator`` constructor creates pynccl, the custom all-reduce, torch
     symmetric memory (as the switches say and the machine allows)."""
-    from sglang_dsa_mtp.test.cpu_tp import sglang_parallel_groups
+    from sglang_dsa_mtp.testing.cpu_tp import sglang_parallel_groups
 
     device = select_device()
     if device.type != "cuda":
@@ -128,7 +128,7 @@ def route_group(rank: int, world: int, init_method: str, route_name: str):
     """``(group, device)``: :func:`sglang_gpu_tp_group` for a GPU route, the CPU (gloo) group of
     ``cpu_tp.sglang_tp_group`` for :data:`CPU_ROUTE`."""
     if route_name == CPU_ROUTE:
-        from sglang_dsa_mtp.test.cpu_tp import sglang_tp_group
+        from sglang_dsa_mtp.testing.cpu_tp import sglang_tp_group
 
         with sglang_tp_group(rank, world, init_method) as group:
             yield group, torch.device("cpu")
@@ -424,7 +424,7 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
     (when engaged) and off, each replay's picks against SGLang's pick from the logits that replay
     produced (all-gathered with SGLang's ``GroupCoordinator.all_gather``)."""
     from sglang_dsa_mtp.integration.draft_argmax_exchange import exchange_state
-    from sglang_dsa_mtp.test.cpu_tp import (
+    from sglang_dsa_mtp.testing.cpu_tp import (
         build_lm_head,
         logits_forward,
         logits_processor,

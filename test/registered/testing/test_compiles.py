@@ -1,4 +1,4 @@
-"""The Triton compile counter the no-compile GPU tests share (``sglang_dsa_mtp.test.compiles``)."""
+"""The Triton compile counter the no-compile GPU tests share (``sglang_dsa_mtp.testing.compiles``)."""
 
 from types import SimpleNamespace
 
@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_dsa_mtp.test.compiles import count_compiles, forget_compiled
+from sglang_dsa_mtp.testing.compiles import count_compiles, forget_compiled
 
 
 @triton.jit

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sglang_dsa_mtp.test import gpu_tp
+from sglang_dsa_mtp.testing import gpu_tp
 
 GPU_0 = torch.device("cuda", 0)
 

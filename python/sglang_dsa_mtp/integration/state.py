@@ -1,0 +1,75 @@
+"""What the plugin keeps on SGLang's objects: one typed state object per object, in one place.
+
+Each SGLang object the hooks decide something about holds one state object in its ``__dict__``,
+under :data:`ATTR`: a DSA attention backend a :class:`BackendState`, the MTP draft-decode backend a
+:class:`MultiStepState`, a draft model's ``LogitsProcessor`` a :class:`ProcessorState`. A field's
+default is what holds before the hook that sets it has run (for instance on an object built before
+the plugin's hooks were applied).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+ATTR = "_sglang_dsa_mtp"
+State = TypeVar("State")
+
+
+@dataclass
+class BackendState:
+    """A ``DeepseekSparseAttnBackend``: the target's, the draft extend's, or an MTP draft step's."""
+
+    # Why the backend keeps SGLang's replay-metadata kernels; None when ours are selected.
+    bounded_reason: str | None = "the plugin's selection hook did not run"
+    reported: bool = False  # its start-up line on the replay-metadata kernels is out
+    # (is_draft_runner, skip_prefill) as the constructor got them; None before that hook ran.
+    runner: tuple[bool, bool] | None = None
+    verify_mask: Any = None  # the QLEN_ONLY, not-read VerifyMask it hands out; None: SGLang's
+    shared_real_page_table: Any = None  # the one compact table its batch sizes slice, or None
+    # On an MTP draft step backend: why it keeps its wide page_table_1; None when it may drop it.
+    step_reader: str | None = (
+        "a draft step backend built outside DeepseekSparseAttnMultiStepBackend"
+    )
+
+
+@dataclass
+class DraftDecodeBs:
+    """One captured batch size of the MTP draft decode, as decided at its capture."""
+
+    reason: str | None  # why the one launch does not write it; None when it does
+    launch: dict | None = None  # the one launch's keyword arguments but the per-replay inputs
+    metadata: list | None = None  # every step backend's graph metadata for the batch size
+
+
+@dataclass
+class MultiStepState:
+    """A ``DeepseekSparseAttnMultiStepBackend`` (the MTP draft decode's step backends)."""
+
+    seeded: bool | None = (
+        None  # seed_dsa_topk_from_draft_extend; None: the constructor hook did not run
+    )
+    batch_sizes: dict[int, DraftDecodeBs] = field(default_factory=dict)
+    one_launch_logged: bool | None = None  # what its start-up line said: one launch on, or off
+    steps_dropped: bool = False  # a step backend has no wide page_table_1
+
+
+@dataclass
+class ProcessorState:
+    """A draft model's ``LogitsProcessor``."""
+
+    exchange: Any = None  # the engaged argmax exchange; None: the gather (not opted in, or kept)
+
+
+def state_of(obj, kind: type[State]) -> State:
+    """``obj``'s state, created with its defaults at the first call."""
+    state = obj.__dict__.get(ATTR)
+    if state is None:
+        state = obj.__dict__[ATTR] = kind()
+    return state
+
+
+def peek(obj, kind: type[State]) -> State:
+    """``obj``'s state, or the defaults (not stored) when it has none yet."""
+    state = getattr(obj, "__dict__", {}).get(ATTR)
+    return kind() if state is None else state

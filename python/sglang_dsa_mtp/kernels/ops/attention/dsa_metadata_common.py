@@ -1,0 +1,235 @@
+"""What the bounded replay-metadata kernels share: the launch shape, the device code, the checks.
+
+Used by ``dsa_metadata_bounded`` (decode, target verify, draft extend) and
+``dsa_draft_decode_metadata`` (the MTP one launch). Every launch has ``1 + requests * splits``
+programs, ``splits`` from :func:`bounded_num_splits` (a function of requests, width and budget only,
+never of the live lengths, so one CUDA-graph capture serves every replay). Program 0 writes the
+length vectors; every other program strides over its request's live tiles of ``TILE_N`` columns
+(:func:`copy_live_tiles`), reading each tile of ``req_to_token`` once and storing it to every output
+row and every destination (a tuple of tables: one for the three SGLang-shaped kernels, one per
+draft step backend for the MTP one launch).
+
+Write region (SGLang's contract, reproduced exactly): per output row, page-table columns
+``c < min(width, 128 * cdiv(kv_len, 128))``, i.e. whole live 128-column blocks masked by the width;
+``real_page_table`` gets ``req_to_token // page_size`` at every page-start column of that region.
+Everything else, including rows past the live batch, keeps its old contents.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang_dsa_mtp.kernels.ops.host import cdiv
+
+BLOCK_N = 128  # SGLang's column block: the write region is whole blocks of this many columns
+TILE_N = 256  # columns one program moves per loop iteration (a multiple of BLOCK_N)
+MAX_SPLITS_PER_REQUEST = 256
+NUM_WARPS = 4
+NUM_STAGES = 3  # software-pipelined tile loads in each program's strided loop
+
+
+def tuning() -> tuple:
+    """The module constants a launch depends on (benchmarks and tests override them): part of
+    every launch plan's key."""
+    return BLOCK_N, TILE_N, NUM_STAGES, NUM_WARPS, MAX_SPLITS_PER_REQUEST
+
+
+def bounded_num_splits(requests: int, width: int, budget: int) -> int:
+    """Programs per request: depends only on (requests, width, budget), never on live lengths."""
+    num_tiles = cdiv(width, TILE_N)
+    return max(1, min(budget // requests, MAX_SPLITS_PER_REQUEST, num_tiles))
+
+
+# ----------------------------------------------------------------------------------------------
+# Device code
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def copy_live_tiles(
+    req_to_token,
+    page_tables,
+    real_page_tables,
+    req_idx,
+    kv_len,
+    first_row,
+    num_rows,
+    split,
+    num_splits,
+    width,
+    req_to_token_stride_0,
+    req_to_token_stride_1,
+    page_table_stride_0,
+    page_table_stride_1,
+    real_page_table_stride_0,
+    real_page_table_stride_1,
+    physical_page_size: tl.constexpr,
+    HAS_PAGE_TABLE_1: tl.constexpr,
+    HAS_REAL_PAGE_TABLE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """This program's share of one request's live tiles, into rows ``first_row .. + num_rows`` of
+    every table of ``page_tables`` and ``real_page_tables`` (tuples of one length, tables sharing
+    their strides): each live tile is read once and stored everywhere."""
+    # Whole live 128-column blocks, the last one masked by the width: SGLang's write region.
+    live_end = tl.minimum(tl.cdiv(kv_len, BLOCK_N) * BLOCK_N, width)
+    num_tiles = tl.cdiv(live_end, TILE_N)
+    src = req_to_token + req_idx.to(tl.int64) * req_to_token_stride_0
+    first_row = first_row.to(tl.int64)
+    for tile in tl.range(split, num_tiles, num_splits, num_stages=NUM_STAGES):
+        offs_n = tile * TILE_N + tl.arange(0, TILE_N)
+        mask = offs_n < live_end
+        vals = tl.load(src + offs_n * req_to_token_stride_1, mask=mask, other=0).to(tl.int32)
+        # page_table_1 offsets / values, then real_page_table's (one entry per page start).
+        offs = offs_n * page_table_stride_1
+        real_offs = (offs_n // physical_page_size) * real_page_table_stride_1
+        real_vals = vals // physical_page_size
+        real_mask = mask & ((offs_n % physical_page_size) == 0)
+        for r in range(num_rows):
+            row = first_row + r
+            offs_row = row * page_table_stride_0 + offs
+            real_offs_row = row * real_page_table_stride_0 + real_offs
+            for d in tl.static_range(len(page_tables)):
+                if HAS_PAGE_TABLE_1:
+                    tl.store(page_tables[d] + offs_row, vals, mask=mask)
+                if HAS_REAL_PAGE_TABLE:
+                    tl.store(real_page_tables[d] + real_offs_row, real_vals, mask=real_mask)
+
+
+@triton.jit
+def store_cumsum_from_zero(cu, values, mask):
+    """cu[0] = 0, cu[1 + i] = values[0] + ... + values[i] for the masked-in lanes."""
+    tl.store(cu, tl.full((), 0, tl.int32))
+    tl.store(cu + 1 + tl.arange(0, values.shape[0]), tl.cumsum(values, 0), mask=mask)
+
+
+@triton.jit
+def store_request_seqlens(
+    seq_lens, seq_lens_stride, cache_seqlens, cu_seqlens_k, bs, add, BLOCK_BS: tl.constexpr
+):
+    """cache_seqlens[b] = seq_lens[b] + add and its zero-led cumsum; returns the loaded lengths."""
+    offs_b = tl.arange(0, BLOCK_BS)
+    mask_b = offs_b < bs
+    seq = tl.load(seq_lens + offs_b * seq_lens_stride, mask=mask_b, other=0).to(tl.int32)
+    tl.store(cache_seqlens + offs_b, seq + add, mask=mask_b)
+    store_cumsum_from_zero(cu_seqlens_k, seq + add, mask_b)
+    return seq
+
+
+@triton.jit
+def store_decode_seqlens(
+    seq, mask_b, cache_seqlens, cu_seqlens_k, dsa_cache_seqlens, dsa_cu_seqlens_k, dsa_index_topk
+):
+    """Decode's length vectors, into every destination of the tuples, from the loaded lengths."""
+    offs_b = tl.arange(0, seq.shape[0])
+    dsa_seq = tl.minimum(seq, dsa_index_topk)
+    for d in tl.static_range(len(cache_seqlens)):
+        tl.store(cache_seqlens[d] + offs_b, seq, mask=mask_b)
+        store_cumsum_from_zero(cu_seqlens_k[d], seq, mask_b)
+        tl.store(dsa_cache_seqlens[d] + offs_b, dsa_seq, mask=mask_b)
+        store_cumsum_from_zero(dsa_cu_seqlens_k[d], dsa_seq, mask_b)
+
+
+@triton.jit
+def store_expanded_seqlens(
+    seqlens_expanded, dsa_cache_seqlens, dsa_cu_seqlens_k, expanded_seq, mask_e, dsa_index_topk
+):
+    """The per-row vectors of target verify and draft extend from the rows' lengths."""
+    expanded_seq = tl.where(mask_e, expanded_seq, 0)
+    dsa_seq = tl.minimum(expanded_seq, dsa_index_topk)
+    offs_e = tl.arange(0, expanded_seq.shape[0])
+    tl.store(seqlens_expanded + offs_e, expanded_seq, mask=mask_e)
+    tl.store(dsa_cache_seqlens + offs_e, dsa_seq, mask=mask_e)
+    store_cumsum_from_zero(dsa_cu_seqlens_k, dsa_seq, mask_e)
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checks (host-only: no device synchronization on the replay path)
+# ----------------------------------------------------------------------------------------------
+
+
+def check_int32(name, tensor, device, *, ndim):
+    """``tensor`` is an int32 tensor of ``ndim`` dimensions on ``device``, else an error naming it."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {tensor.dtype}")
+    if tensor.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(tensor.shape)}")
+    if tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device}, expected {device} (where req_to_token is)")
+
+
+def check_common(seq_lens, req_pool_indices, req_to_token, bs, width, page_size, budget, **outputs):
+    """The arguments every replay-metadata wrapper takes, and its 1-D outputs given as
+    ``name=(tensor, entries needed)``; raises naming the first argument that is wrong."""
+    if not isinstance(req_to_token, torch.Tensor):
+        raise TypeError(f"req_to_token must be a torch.Tensor, got {type(req_to_token).__name__}")
+    device = req_to_token.device
+    check_int32("req_to_token", req_to_token, device, ndim=2)
+    if not isinstance(bs, int) or bs < 0:
+        raise ValueError(f"bs must be a non-negative int, got {bs!r}")
+    if budget is not None and (not isinstance(budget, int) or budget < 1):
+        raise ValueError(f"budget must be None or an int >= 1, got {budget!r}")
+    if not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"physical_page_size must be an int >= 1, got {page_size!r}")
+    if not isinstance(width, int) or not 0 <= width <= req_to_token.shape[1]:
+        raise ValueError(
+            f"the page-table width must be an int in [0, req_to_token.shape[1]="
+            f"{req_to_token.shape[1]}], got {width!r}"
+        )
+    for name, tensor in (("seq_lens", seq_lens), ("req_pool_indices", req_pool_indices)):
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be an int32 or int64 tensor")
+        if tensor.dim() != 1 or tensor.shape[0] < bs or tensor.device != device:
+            raise ValueError(
+                f"{name} must be 1-D with at least bs={bs} entries on {device}, "
+                f"got shape {tuple(tensor.shape)} on {tensor.device}"
+            )
+    for name, (tensor, needed) in outputs.items():
+        if name == "extend_seq_lens":
+            if not isinstance(tensor, torch.Tensor) or tensor.dtype not in (
+                torch.int32,
+                torch.int64,
+            ):
+                raise TypeError("extend_seq_lens must be an int32 or int64 tensor")
+            if tensor.device != device or tensor.dim() != 1:
+                raise ValueError(f"extend_seq_lens must be 1-D on {device}")
+        else:
+            check_int32(name, tensor, device, ndim=1)
+        if tensor.shape[0] < needed:
+            raise ValueError(f"{name} needs at least {needed} entries, got {tensor.shape[0]}")
+
+
+def page_tables(page_table_1, real_page_table, rows, width, page_size, device):
+    """Validate the two page tables; return (page_table_1, real_page_table, has_pt1, has_real)
+    with a stand-in tensor for a table that is not written (its pointer is never dereferenced)."""
+    has_pt1 = page_table_1 is not None
+    has_real = page_size > 1
+    if not has_pt1 and not has_real:
+        raise ValueError("page_table_1 is required when physical_page_size == 1")
+    if has_pt1:
+        check_int32("page_table_1", page_table_1, device, ndim=2)
+        if page_table_1.shape[0] < rows or page_table_1.shape[1] < width:
+            raise ValueError(
+                f"page_table_1 must be at least ({rows}, {width}), got {tuple(page_table_1.shape)}"
+            )
+    if has_real:
+        if real_page_table is None:
+            raise ValueError("real_page_table is required when physical_page_size > 1")
+        check_int32("real_page_table", real_page_table, device, ndim=2)
+        real_width = cdiv(width, page_size)
+        if real_page_table.shape[0] < rows or real_page_table.shape[1] < real_width:
+            raise ValueError(
+                f"real_page_table must be at least ({rows}, cdiv(width, physical_page_size)="
+                f"{real_width}), got {tuple(real_page_table.shape)}"
+            )
+    else:
+        real_page_table = page_table_1
+    if not has_pt1:
+        page_table_1 = real_page_table
+    return page_table_1, real_page_table, has_pt1, has_real

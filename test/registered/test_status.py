@@ -1,0 +1,48 @@
+"""What ``python -m sglang_dsa_mtp`` says about where the changes engage: the indexer's chunking
+thresholds per GPU and EAGLE launch, and the SM100 split path."""
+
+import pytest
+
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
+
+require_sglang()
+
+from sglang_dsa_mtp import status
+
+
+@pytest.mark.parametrize(
+    "num_sms,expected",
+    [(78, [20, 16, 14]), (132, [34, 27, 23]), (148, [38, 30, 25])],
+    ids=["h20", "h200", "b200"],
+)
+def test_requests_from_which_eagle_rows_are_chunked(num_sms, expected):
+    """The thresholds of docs/indexer-cliff.md: rows = requests x draft tokens > SMs."""
+    tokens = list(status.EAGLE_DRAFT_TOKENS.values())
+    counts = [status.first_chunked_requests(num_sms, n) for n in tokens]
+    assert counts == expected
+    for requests, n in zip(counts, tokens):
+        assert requests * n > num_sms >= (requests - 1) * n
+
+
+def test_an_h200_engages_in_target_verify_and_draft_extend():
+    text = status.indexer_engagement(132)
+    assert "this GPU's 132 SMs: target verify and draft extend from 34 / 27 / 23" in text
+
+
+@pytest.mark.parametrize(
+    "torch_logits,modes",
+    [
+        ("0", "draft extend (target verify on SM100 takes DeepGEMM's native path"),
+        ("1", "target verify and draft extend (SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1 on SM100)"),
+    ],
+    ids=["deepgemm-logits", "torch-logits"],
+)
+def test_sm100_target_verify_engages_only_with_sglangs_torch_logits(
+    monkeypatch, torch_logits, modes
+):
+    monkeypatch.setenv("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", torch_logits)
+    assert f"this GPU's 148 SMs: {modes}" in status.indexer_engagement(148, sm100=True)
+
+
+def test_without_a_gpu_the_h200_is_the_example():
+    assert "the GPU's SMs (132 on an H200)" in status.indexer_engagement(None)

@@ -8,7 +8,8 @@
 # file says) into a temporary directory with pip, without an index or dependencies, and puts it on
 # PYTHONPATH, with SGLang's dist-info (the plugin registers only for the SGLang version it was tested
 # with, read from the installed distribution's metadata). SGLang's native packages (sgl_kernel) stay
-# absent: the harness stubs the ones it never calls (python/sglang_dsa_mtp/testing/sglang_stubs.py).
+# absent: the TP harness (python/sglang_dsa_mtp/testing/tp.py) stubs the ones it never calls
+# (python/sglang_dsa_mtp/testing/sglang_stubs.py).
 #
 # Only the route test and benchmark should run in this environment: with SGLang's metadata present,
 # the other test modules would try to import SGLang instead of skipping.

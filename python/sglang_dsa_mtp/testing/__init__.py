@@ -13,10 +13,11 @@ this package. What is here:
   launch, off the GPU (CPU or meta device), with their graph captures and replays (live width);
 - ``indexer_cases``: the DSA indexer's chunked paged-MQA logits, SGLang's and the live-width copy;
 - ``verify_tree``: a chain draft's verify inputs, built SGLang's FULL_MASK way and its chain-tree way;
-- ``process_group``: spawning a group of processes (a TP group of CPU or GPU ranks);
-- ``gpu_tp``: a real TP group of GPUs on NCCL, and the two-GPU exchange test's body;
-- ``cpu_tp``: SGLang's real TP group and LM-head path in CPU processes (gloo);
-- ``deployment``: an MTP draft head built as SGLang builds it for a (quantized) checkpoint;
+- ``tp``: tensor-parallel groups of processes: spawning them, SGLang's real TP group on CPU (gloo)
+  and on GPU (one all-reduce route at a time), a raw NCCL group and its all-reduce arms, the
+  all-reduce route recorder and capture replayer, and the TP benchmarks' helpers;
+- ``deployment``: the target and MTP draft LM heads built as SGLang builds them for a (quantized)
+  checkpoint, and their logits path (forward, SGLang's greedy pick, the per-shard reference);
 - ``compiles``: counting Triton JIT compiles (the no-compile-on-the-serving-path GPU tests);
 - ``timing``: CUDA-graph and host timing, and the floors printed beside every figure;
 - ``scripts``: loading a benchmark or e2e script as a module, its options and their help;

@@ -13,8 +13,7 @@
   file path, ``nan_policy="sanitize"``) or ``torch.argmax`` (``"propagate"``).
 * :func:`check_draft_argmax_exchange`: the self-check of ``python -m sglang_dsa_mtp``.
 
-A real TP group of GPUs is in :mod:`sglang_dsa_mtp.testing.gpu_tp`, one of CPUs in
-:mod:`sglang_dsa_mtp.testing.cpu_tp`.
+Real TP groups (SGLang's on CPUs or GPUs, a raw NCCL one) are in :mod:`sglang_dsa_mtp.testing.tp`.
 """
 
 from __future__ import annotations

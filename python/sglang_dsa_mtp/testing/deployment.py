@@ -1,4 +1,5 @@
-"""An MTP draft head built as SGLang 0.5.23 builds it for a real checkpoint, on any device.
+"""The target and MTP draft LM heads of a deployment and their logits path, as SGLang 0.5.23 builds
+and runs them, on any device.
 
 SGLang's start-up, for the LM heads of a DeepSeek-V3.2 / GLM-5 MTP deployment:
 
@@ -13,12 +14,19 @@ SGLang's start-up, for the LM heads of a DeepSeek-V3.2 / GLM-5 MTP deployment:
 4. the EAGLE v2 draft worker's ``init_lm_head`` gives the draft the target's embedding and head
    weight (``set_embed_and_head``): :func:`share_target_head`.
 
-:data:`CHECKPOINTS` holds the checkpoints the tests deploy, by name. SGLang is imported inside the
+:data:`CHECKPOINTS` holds the checkpoints the tests deploy, by name. Inside an SGLang TP group
+(:mod:`sglang_dsa_mtp.testing.tp`): :func:`build_lm_head` (a vocab-parallel head holding its shard
+of a seeded full weight, and its ``LogitsProcessor``), :func:`build_shared_draft_head` (a
+checkpoint's NextN draft head given the target's weight), :func:`logits_forward` (the processor's
+forward with a real ``LogitsMetadata``) and :func:`sglang_pick` (SGLang's greedy draft pick, or the
+plugin's from its partials); :func:`reference_logits` recomputes the gathered logits shard by shard
+apart from SGLang, and :func:`bits_differ` compares them bit for bit. SGLang is imported inside the
 functions only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pkgutil
 from types import SimpleNamespace
 from typing import Optional
@@ -241,3 +249,222 @@ def share_target_head(
     else:
         worker.init_lm_head()
     return target, draft, worker
+
+
+# --- the LM heads and their logits path, inside an SGLang TP group ---------------------------------
+
+FORWARD_MODES = ("decode", "draft_extend_v2")
+
+
+def full_lm_head_weight(vocab_size: int, hidden: int, *, dtype: torch.dtype, seed: int):
+    """The seeded ``[vocab_size, hidden]`` weight (normal times 0.05, then ``dtype``)."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(vocab_size, hidden, generator=gen) * 0.05).to(dtype)
+
+
+def logits_processor(
+    vocab_size: int,
+    *,
+    logit_scale: Optional[float] = None,
+    final_logit_softcapping: Optional[float] = None,
+):
+    """SGLang's ``LogitsProcessor(SimpleNamespace(vocab_size=...[, final_logit_softcapping=...]),
+    logit_scale=logit_scale)``, inside an SGLang TP group."""
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+
+    config = SimpleNamespace(vocab_size=vocab_size)
+    if final_logit_softcapping is not None:
+        config.final_logit_softcapping = final_logit_softcapping
+    return LogitsProcessor(config, logit_scale=logit_scale)
+
+
+def build_lm_head(
+    vocab_size: int,
+    hidden: int,
+    *,
+    dtype: torch.dtype,
+    seed: int,
+    logit_scale: Optional[float] = None,
+    final_logit_softcapping: Optional[float] = None,
+    device: Optional[torch.device] = None,
+):
+    """``(lm_head, processor, full_weight)``, inside an SGLang TP group.
+
+    ``full_weight`` is :func:`full_lm_head_weight` (the same on every rank, on the CPU). The head is
+    built on ``device`` (default: torch's default device) and its shard is loaded from
+    ``full_weight`` by SGLang's ``weight_loader``, which zeroes the padding rows. The processor is
+    :func:`logits_processor`. A softcapped forward cannot run under Triton's interpreter: SGLang
+    softcaps CPU logits with a Triton kernel (``is_cpu()`` is False without
+    ``SGLANG_USE_CPU_ENGINE=1``) that calls ``libdevice.tanh``, which the interpreter of Triton 3.8
+    does not implement.
+    """
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+
+    full_weight = full_lm_head_weight(vocab_size, hidden, dtype=dtype, seed=seed)
+    with contextlib.nullcontext() if device is None else torch.device(device):
+        lm_head = ParallelLMHead(vocab_size, hidden, params_dtype=dtype)
+    lm_head.weight.weight_loader(lm_head.weight, full_weight)
+    processor = logits_processor(
+        vocab_size, logit_scale=logit_scale, final_logit_softcapping=final_logit_softcapping
+    )
+    return lm_head, processor, full_weight
+
+
+def build_shared_draft_head(
+    checkpoint: str,
+    vocab_size: int,
+    hidden: int,
+    *,
+    dtype: torch.dtype,
+    seed: int,
+    tie: Optional[tuple[int, int]] = None,
+):
+    """``(lm_head, processor, full_weight)`` of a NextN draft deployed from ``checkpoint``, inside an
+    SGLang TP group: the target's head (:func:`lm_heads`) loads its shard of
+    :func:`full_lm_head_weight` (column ``tie[0]`` a copy of ``tie[1]``), and SGLang's draft worker
+    gives its weight to the draft's head (:func:`share_target_head`), which keeps the quant method
+    the checkpoint's config gave it. The processor is the draft model's ``LogitsProcessor(config)``.
+    """
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+
+    full_weight = full_lm_head_weight(vocab_size, hidden, dtype=dtype, seed=seed)
+    if tie is not None:
+        full_weight[tie[0]] = full_weight[tie[1]]
+    target_head, draft_head = lm_heads(checkpoint, vocab_size, hidden, dtype=dtype)
+    target_head.weight.weight_loader(target_head.weight, full_weight)
+    config = SimpleNamespace(vocab_size=vocab_size)
+    _, draft, _ = share_target_head(
+        checkpoint,
+        target_head,
+        draft_head,
+        dtype=dtype,
+        target_processor=LogitsProcessor(config),
+        draft_processor=LogitsProcessor(config),
+    )
+    return draft.lm_head, draft.logits_processor, full_weight
+
+
+def logits_metadata(mode: str, select_index: Optional[torch.Tensor] = None):
+    """A real ``LogitsMetadata`` for ``mode`` (see :func:`logits_forward`)."""
+    from sglang.srt.layers.logits_processor import LogitsMetadata
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    if mode == "decode":
+        if select_index is not None:
+            raise ValueError("select_index is for mode 'draft_extend_v2'")
+        return LogitsMetadata(forward_mode=ForwardMode.DECODE)
+    if mode == "draft_extend_v2":
+        return LogitsMetadata(
+            forward_mode=ForwardMode.DRAFT_EXTEND_V2, draft_extend_select_index=select_index
+        )
+    raise ValueError(f"mode must be one of {FORWARD_MODES}, got {mode!r}")
+
+
+def logits_forward(
+    processor,
+    lm_head,
+    hidden_states: torch.Tensor,
+    *,
+    mode: str,
+    select_index: Optional[torch.Tensor] = None,
+):
+    """The ``LogitsProcessorOutput`` of ``processor.forward(input_ids, hidden_states, lm_head,
+    metadata)``. ``mode``: ``"decode"`` or ``"draft_extend_v2"`` (``select_index`` then picks the
+    rows that get logits, or None for all). No logprobs; ``input_ids`` are zeros (unread)."""
+    metadata = logits_metadata(mode, select_index)
+    input_ids = torch.zeros(hidden_states.shape[0], dtype=torch.int64, device=hidden_states.device)
+    return processor.forward(input_ids, hidden_states, lm_head, metadata)
+
+
+def shard_logits(
+    hidden_states: torch.Tensor,
+    full_weight: torch.Tensor,
+    rank: int,
+    shard_width: int,
+    *,
+    logit_scale: Optional[float] = None,
+) -> torch.Tensor:
+    """Rank ``rank``'s LM-head logits as SGLang computes them: ``hidden`` times the rank's
+    ``[shard_width, hidden]`` slice of ``full_weight`` zero-padded past the vocab, in the weight's
+    dtype, times ``logit_scale`` in that dtype."""
+    vocab_size, hidden = full_weight.shape
+    shard = torch.zeros(shard_width, hidden, dtype=full_weight.dtype)
+    rows = full_weight[rank * shard_width : (rank + 1) * shard_width]
+    shard[: rows.shape[0]] = rows
+    logits = torch.matmul(hidden_states.to(full_weight.dtype), shard.T)
+    if logit_scale is not None:
+        logits.mul_(logit_scale)
+    return logits
+
+
+def reference_logits(
+    hidden_states: torch.Tensor,
+    full_weight: torch.Tensor,
+    world: int,
+    shard_width: int,
+    *,
+    logit_scale: Optional[float] = None,
+) -> torch.Tensor:
+    """fp32 ``[rows, vocab_size]``: SGLang's gathered logits, every rank's :func:`shard_logits`
+    concatenated, sliced to the vocab, then fp32 (no softcap)."""
+    parts = [
+        shard_logits(hidden_states, full_weight, rank, shard_width, logit_scale=logit_scale)
+        for rank in range(world)
+    ]
+    return torch.cat(parts, dim=-1)[:, : full_weight.shape[0]].float()
+
+
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits_differ(got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
+    """None when ``got`` and ``want`` are bit-identical tensors of one dtype and shape (compared as
+    integers of the element's size: -0.0 differs from +0.0, a NaN equals the same NaN), else why
+    not."""
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return f"got {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}"
+    as_int = _SAME_SIZE_INT[got.element_size()]
+    differ = got.contiguous().view(as_int) != want.contiguous().view(as_int)
+    if not bool(differ.any()):
+        return None
+    where = differ.nonzero()[0].tolist()
+    diff = (got.double() - want.double()).abs().max().item()
+    return f"{int(differ.sum())} elements differ (first at {where}, max abs diff {diff:.3g})"
+
+
+def sglang_pick(
+    output,
+    mode: str,
+    positions: Optional[torch.Tensor] = None,
+    draft_tokens: Optional[torch.Tensor] = None,
+) -> dict:
+    """SGLang's greedy draft pick from the output's (gathered) logits, or the plugin's from its
+    partials: draft decode through ``draft_topk1_postprocess`` (hooked by the plugin; it advances
+    ``positions`` and writes draft-token column 1; default: fresh ones, positions ``5 + 3 * row``),
+    draft extend as SGLang's CUDA path does (``torch.argmax``) or from the partials
+    (``propagate``)."""
+    from sglang.kernels.ops.speculative import topk1
+
+    from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import (
+        draft_argmax_finalize,
+    )
+
+    if mode == "decode":
+        rows, device = output.next_token_logits.shape[0], output.next_token_logits.device
+        if positions is None:
+            positions = (torch.arange(rows, dtype=torch.int64) * 3 + 5).to(device)
+        if draft_tokens is None:
+            draft_tokens = torch.full((rows, 3), -7, dtype=torch.int64, device=device)
+        topk_p, topk_index = topk1.draft_topk1_postprocess(
+            output.next_token_logits, positions, draft_tokens, 1
+        )
+        return dict(
+            topk_p=topk_p, topk_index=topk_index, positions=positions, draft_tokens=draft_tokens
+        )
+    if output.next_token_argmax_partials is not None:
+        _, topk_index = draft_argmax_finalize(
+            output.next_token_argmax_partials, nan_policy="propagate"
+        )
+    else:
+        topk_index = torch.argmax(output.next_token_logits, dim=-1, keepdim=True)
+    return dict(topk_index=topk_index)

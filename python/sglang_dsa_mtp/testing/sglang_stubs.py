@@ -1,4 +1,4 @@
-"""Stand-ins for SGLang's native dependencies that the two-GPU harness never calls (test support only).
+"""Stand-ins for SGLang's native dependencies that the GPU TP harness never calls (test support only).
 
 The GPU machine has torch, triton and CUDA's compiler but none of SGLang's native kernel packages, and
 nothing can be installed there from the network. Importing SGLang's TP group, ``LogitsProcessor``,
@@ -12,7 +12,8 @@ importable as a stand-in: every submodule imports, every attribute resolves (to 
 SGLang can subclass or index it at import time), and calling or instantiating anything raises
 ``RuntimeError("... is stubbed in the test harness")``, so a path that does reach one fails loudly
 instead of computing something else. A package that is installed is never stubbed. The plugin and
-the serving path never import this module.
+the serving path never import this module; :func:`sglang_dsa_mtp.testing.tp.sglang_nccl_tp_group`
+installs the stubs before it imports SGLang.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ of the full weight, and the processor's ``_compute_lm_head`` (then its ``logit_s
 0's shard logits. Its ``all_gather`` puts them before ours (SGLang's gather) and its ``all_reduce``
 adds rank 0's exchange buffer of them (the plugin's exchange), so both paths see a whole vocabulary.
 The reference they are compared with, ``DraftHead.gathered_logits``, is computed apart from both,
-from the full weight (``cpu_tp.reference_logits``). SGLang is imported inside the fixtures.
+from the full weight (``deployment.reference_logits``). SGLang is imported inside the fixtures.
 """
 
 import contextlib
@@ -26,7 +26,7 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_partials
 from sglang_dsa_mtp.testing import deployment
-from sglang_dsa_mtp.testing.cpu_tp import reference_logits
+from sglang_dsa_mtp.testing.deployment import reference_logits
 
 HIDDEN = 64
 
@@ -128,7 +128,7 @@ class DraftHead:
 
     def gathered_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The reference for SGLang's gathered fp32 logits of ``hidden``: every rank's shard of the
-        full weight multiplied out by ``cpu_tp.reference_logits``, concatenated and sliced."""
+        full weight multiplied out by ``deployment.reference_logits``, concatenated and sliced."""
         group = self.group
         return reference_logits(
             hidden,

@@ -9,8 +9,13 @@ draft tokens as SGLang's pick from the gathered logits (draft decode and draft e
 heads and for a ModelOpt NVFP4 checkpoint's NextN draft head sharing the target's bf16 weight. The GPU
 side (NCCL and symmetric-memory all-reduce, CUDA graphs) is
 ``kernels/ops/speculative/test_draft_argmax_exchange_tp.py``. The body of each process is
-``sglang_dsa_mtp.testing.cpu_tp.exchange_on_off_worker``.
+:func:`exchange_on_off_worker`, here (spawned by ``testing.tp.run_group``, which pickles it by this
+module's name); the heads and their logits path are ``sglang_dsa_mtp.testing.deployment``'s.
 """
+
+import json
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,10 +24,20 @@ from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp.testing.cpu_tp import exchange_on_off_worker
-from sglang_dsa_mtp.testing.process_group import read_reports, run_group
+from sglang_dsa_mtp.testing.deployment import (
+    bits_differ,
+    build_lm_head,
+    build_shared_draft_head,
+    logits_forward,
+    reference_logits,
+    sglang_pick,
+)
+from sglang_dsa_mtp.testing.tp import read_reports, run_group, sglang_tp_group, shared_hidden
 
 WORLD = 2
+# The quantized checkpoint the TP test deploys: the spec's model's kind, ModelOpt NVFP4, whose NextN
+# draft head keeps ModelOptFp4LinearMethod and takes the target's bf16 weight.
+QUANTIZED_CHECKPOINT = "modelopt_fp4"
 OTHER_RANK = "another TP rank keeps the gather (its reason is in its log)"
 # What each rank agrees on when only rank 1 objects ("only rank 1 objects"): its own reason there,
 # on the other rank the word that another rank keeps the gather.
@@ -64,3 +79,156 @@ def test_logits_processor_exchange_on_and_off_pick_the_same_tokens_in_a_cpu_tp_g
             ("torch.float32", True),
             ("torch.bfloat16", True),
         ], where
+
+
+# --- each rank's body: run_group spawns it, pickled by this module's name ---
+
+
+def exchange_on_off_worker(
+    rank: int,
+    world: int,
+    init_method: str,
+    result_dir: str,
+    vocab_size: int = 1001,
+    hidden: int = 64,
+    logit_scale: float = 0.37,
+) -> None:
+    """Body of the CPU TP test of the draft argmax exchange; writes ``rank<r>.json``.
+
+    In :func:`sglang_tp_group`, with the plugin registered and its hooks applied by SGLang's
+    ``HookRegistry``: ``get_parallel().tp_group.all_reduce`` of fp32 and bf16 CPU tensors against the
+    sum; the opt-in's cross-rank agreement (a reason on one rank reaches every rank); then for bf16
+    and fp32, with and without ``logit_scale``, and for the bf16 draft head of
+    :data:`QUANTIZED_CHECKPOINT` (:func:`build_shared_draft_head`):
+
+    * exchange off: the head's shard against the full weight, ``next_token_logits`` of decode (rows
+      1..5) and draft extend (8 rows, ``select_index`` [7, 0, 3, 3]) bit for bit against
+      :func:`reference_logits`, and SGLang's pick from them;
+    * ``enable_draft_argmax_exchange`` engages (route: CPU all-reduce);
+    * exchange on: the same forwards return ``next_token_argmax_partials``, and the picks from them
+      (tokens, ``topk_p``, positions, draft tokens) equal SGLang's.
+
+    Column 700 (rank 1's shard) repeats column 5's weight and row 0 of every batch points at it:
+    a cross-rank tie that the lower column must win. Last, rank 1's opt-in check raises: both ranks
+    still agree, on keeping the gather (each rank's reason in the report).
+    """
+    start = time.monotonic()
+    report = {"rank": rank, "world": world, "checked": 0, "failures": [], "all_reduce": []}
+    failures = report["failures"]
+    try:
+        with sglang_tp_group(rank, world, init_method) as tp_group:
+            from sglang.srt.plugins.hook_registry import HookRegistry
+            from sglang.srt.runtime_context import get_parallel
+
+            from sglang_dsa_mtp import plugin
+            from sglang_dsa_mtp.integration.draft_argmax_exchange import exchange_state
+            from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group
+
+            plugin.register()
+            HookRegistry.apply_hooks()
+            report["group"] = dict(world_size=tp_group.world_size, rank=tp_group.rank_in_group)
+            report["setup_s"] = round(time.monotonic() - start, 2)
+            for dtype in (torch.float32, torch.bfloat16):
+                base = torch.arange(1, 13, dtype=torch.float32).view(3, 4) * 0.25
+                mine = (base * (rank + 1)).to(dtype)
+                out = get_parallel().tp_group.all_reduce(mine)
+                want = (base * (world * (world + 1) // 2)).to(dtype)
+                report["all_reduce"].append(dict(dtype=str(dtype), sum_ok=torch.equal(out, want)))
+            report["agreed"] = agree_across_group(
+                tp_group, "only rank 1 objects" if rank == 1 else None
+            )
+
+            heads = [
+                (dtype, scale, None)
+                for dtype in (torch.bfloat16, torch.float32)
+                for scale in (None, logit_scale)
+            ]
+            heads.append((torch.bfloat16, None, QUANTIZED_CHECKPOINT))
+            for dtype, scale, checkpoint in heads:
+                where = f"{dtype}, logit_scale {scale}, checkpoint {checkpoint}"
+                if checkpoint is None:
+                    lm_head, processor, full_weight = build_lm_head(
+                        vocab_size, hidden, dtype=dtype, seed=11, logit_scale=scale
+                    )
+                    full_weight[700] = full_weight[5]
+                    lm_head.weight.weight_loader(lm_head.weight, full_weight)
+                else:
+                    lm_head, processor, full_weight = build_shared_draft_head(
+                        checkpoint, vocab_size, hidden, dtype=dtype, seed=11, tie=(700, 5)
+                    )
+                    report["quantized"] = dict(
+                        checkpoint=checkpoint,
+                        quant_method=type(lm_head.quant_method).__name__,
+                        weight_dtype=str(lm_head.weight.dtype),
+                    )
+                width = lm_head.num_embeddings_per_partition
+                report["flags"] = dict(
+                    do_tensor_parallel_all_gather=processor.do_tensor_parallel_all_gather,
+                    use_attn_tp_group=processor.use_attn_tp_group,
+                    do_tensor_parallel_all_gather_dp_attn=(
+                        processor.do_tensor_parallel_all_gather_dp_attn
+                    ),
+                )
+                report["shard_width"] = width
+                padded = torch.zeros(world * width, hidden, dtype=dtype)
+                padded[:vocab_size] = full_weight
+                if not torch.equal(lm_head.weight.data, padded[rank * width : (rank + 1) * width]):
+                    failures.append(f"{where}: the loaded shard differs from the full weight")
+
+                cases = [("decode", rows, None) for rows in range(1, 6)]
+                cases.append(("draft_extend_v2", 8, torch.tensor([0, 7, 3, 3])))
+                batches, picks = [], []
+                for mode, rows, select_index in cases:
+                    states = shared_hidden(rows, hidden, seed=1000 * rows + len(mode), dtype=dtype)
+                    states[0] = full_weight[5].float().mul(40.0).to(dtype)
+                    batches.append(states)
+                    output = logits_forward(
+                        processor, lm_head, states, mode=mode, select_index=select_index
+                    )
+                    picked = states if select_index is None else states[select_index]
+                    want = reference_logits(picked, full_weight, world, width, logit_scale=scale)
+                    problem = bits_differ(output.next_token_logits, want)
+                    if problem:
+                        failures.append(f"{where}, {mode}, {rows} rows: {problem}")
+                    picks.append(sglang_pick(output, mode))
+                    if int(picks[-1]["topk_index"][0]) != 5:
+                        failures.append(f"{where}, {mode}: row 0 did not pick column 5")
+
+                if not processor.enable_draft_argmax_exchange(lm_head, max_rows=8):
+                    failures.append(f"{where}: the exchange did not engage")
+                    continue
+                report["route"] = exchange_state(processor).route
+                for (mode, rows, select_index), states, expected in zip(cases, batches, picks):
+                    output = logits_forward(
+                        processor, lm_head, states, mode=mode, select_index=select_index
+                    )
+                    if output.next_token_argmax_partials is None:
+                        failures.append(f"{where}, {mode}, {rows} rows: no partials")
+                        continue
+                    ours = sglang_pick(output, mode)
+                    for name, value in expected.items():
+                        if value.dtype != ours[name].dtype or not torch.equal(value, ours[name]):
+                            failures.append(
+                                f"{where}, {mode}, {rows} rows: {name} {ours[name].tolist()}"
+                                f", SGLang's {value.tolist()}"
+                            )
+                    report["checked"] += 1
+
+            # One rank's opt-in check fails: every rank still agrees, and keeps the gather.
+            from sglang_dsa_mtp.integration import draft_argmax_exchange as site
+
+            lm_head, processor, _ = build_lm_head(vocab_size, hidden, dtype=dtype, seed=12)
+            if rank == 1:
+
+                def broken(*args):
+                    raise RuntimeError("rank 1 cannot tell")
+
+                site._local_blocker = broken
+            decision = site.opt_in(processor, lm_head)
+            report["reason_when_rank_1_fails"] = decision.reason
+            report["engaged_when_rank_1_fails"] = site.exchange_state(processor) is not None
+    finally:
+        report["seconds"] = round(time.monotonic() - start, 2)
+        Path(result_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=1))
+    if failures:
+        raise AssertionError(f"rank {rank}: " + "\n".join(failures[:20]))

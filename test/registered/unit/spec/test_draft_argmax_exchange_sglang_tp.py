@@ -1,10 +1,10 @@
 """The draft argmax exchange through SGLang's own TP communicators, one all-reduce route at a time.
 
 On two or more CUDA GPUs (one process per GPU, TP size = the visible GPU count), for each route of
-``sglang_dsa_mtp.testing.sglang_gpu_tp.ROUTES`` (SGLang's custom all-reduce V2 and legacy, torch
+``sglang_dsa_mtp.testing.tp.ROUTES`` (SGLang's custom all-reduce V2 and legacy, torch
 symmetric memory, pynccl, pynccl with symmetric memory, each set by SGLang's own server args or
 environment): SGLang builds its real TP group and device communicators, the plugin's hooks are
-applied by SGLang's ``HookRegistry``, and ``exchange_routes_worker`` checks in CUDA graphs captured
+applied by SGLang's ``HookRegistry``, and :func:`exchange_routes_worker` (here) checks in CUDA graphs captured
 inside SGLang's ``graph_capture()`` that the all-reduce route predicted at opt-in is the route SGLang
 takes, that the exchange engages exactly on the routes that are not NCCL, and that the draft
 ``LogitsProcessor`` forward and greedy pick with the exchange on and off give SGLang's pick of the
@@ -20,20 +20,65 @@ the harness's checks too.
 """
 
 import importlib.util
+import json
+import time
+from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.process_group import read_reports, run_group
-from sglang_dsa_mtp.testing.sglang_gpu_tp import (
-    CPU_ROUTE,
-    CPU_SIZES,
-    GPU_ROUTES,
-    GPU_SIZES,
-    exchange_routes_worker,
+from sglang_dsa_mtp.testing.argmax_cases import (
+    differences,
+    make_overlay,
+    padded_shard_width,
+    pick_state,
+    reference_pick,
 )
 from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.tp import (
+    CPU_ROUTE,
+    GPU_ROUTES,
+    AllReduceRecorder,
+    RouteUnavailable,
+    capture_replayer,
+    describe_communicators,
+    read_reports,
+    route_group,
+    route_offered,
+    route_taken,
+    run_group,
+    shared_hidden,
+)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What :func:`exchange_routes_worker` runs: vocab sizes, hidden size, decode row counts, the
+    draft extend's selected rows (of twice as many), replays per graph, logits dtypes."""
+
+    vocabs: tuple[int, ...]
+    hidden: int
+    decode_rows: tuple[int, ...]
+    extend_rows: int
+    replays: int
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
+
+    @property
+    def max_rows(self) -> int:
+        return max(*self.decode_rows, self.extend_rows)
+
+    def forwards(self) -> int:
+        """Graphs per engaged route and rank with the exchange on (as many with it off)."""
+        return len(self.vocabs) * len(self.dtypes) * (len(self.decode_rows) + 1)
+
+
+GPU_SIZES = Sizes(
+    vocabs=(154880, 129281), hidden=512, decode_rows=(1, 5, 16), extend_rows=8, replays=3
+)
+CPU_SIZES = Sizes(vocabs=(1001,), hidden=64, decode_rows=(3,), extend_rows=2, replays=2)
+
 
 # Where the exchange must engage: on a route that is not NCCL inside the capture.
 ENGAGES = {
@@ -130,3 +175,274 @@ def test_exchange_route_checks_hold_eagerly_in_a_cpu_tp_group(tmp_path):
         assert {c["predicted"] for c in report["all_reduce"]} == {
             "CPU shared memory or torch.distributed"
         }
+
+
+# --- each rank's body: run_group spawns exchange_routes_worker, pickled by this module's name ---
+
+
+def check_all_reduce_route(group, recorder, shape, device, replays: int) -> dict:
+    """SGLang's all-reduce of an fp32 ``shape`` buffer: the route predicted at opt-in
+    (``all_reduce_route``) against the route taken inside the capture, and each replay's sum
+    (rank r contributes ``(r + 1) * (replay + 1)``) against the exact sum."""
+    from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
+
+    buffer = torch.zeros(shape, dtype=torch.float32, device=device)
+    predicted, on_nccl = all_reduce_route(group, buffer)
+    with recorder.recording() as calls:
+        replay = capture_replayer(lambda: group.all_reduce(buffer), group, device)
+    result = dict(
+        shape=list(shape),
+        predicted=predicted,
+        on_nccl=on_nccl,
+        taken=route_taken(calls, group, device),
+        sums_exact=True,
+    )
+    world, rank = group.world_size, group.rank_in_group
+    for k in range(replays):
+        buffer.fill_(float((rank + 1) * (k + 1)))
+        reduced = replay()
+        expected = torch.full(shape, float(world * (world + 1) // 2 * (k + 1)), device=device)
+        result["sums_exact"] &= bool(torch.equal(reduced, expected))
+    return result
+
+
+class _Overlay:
+    """Static ``[rows, shard_width]`` pattern values (in the logits dtype) and a mask, written
+    over this rank's LM-head logits: the hard cases of :func:`argmax_cases.make_overlay`."""
+
+    def __init__(self, rows, world, rank, width, vocab, dtype, device):
+        self.shape = (rows, world, width, vocab)
+        self.shard = slice(rank * width, (rank + 1) * width)
+        self.values = torch.zeros(rows, width, dtype=dtype, device=device)
+        self.defined = torch.zeros(rows, width, dtype=torch.bool, device=device)
+
+    def fill(self, first_pattern: int) -> list[str]:
+        values, defined, names = make_overlay(*self.shape, first_pattern=first_pattern)
+        self.values.copy_(values[:, self.shard].to(self.values.dtype))
+        self.defined.copy_(defined[:, self.shard])
+        return names
+
+    def apply_to(self, processor, stash: dict) -> None:
+        """Wrap ``processor._compute_lm_head`` (both SGLang's gather and the plugin's exchange
+        call it): the GEMM, then the patterns; the result is kept in ``stash["logits"]``."""
+        compute = processor._compute_lm_head
+
+        def compute_with_patterns(hidden_states, *args, **kwargs):
+            logits = compute(hidden_states, *args, **kwargs)
+            rows = logits.shape[0]
+            logits = torch.where(self.defined[:rows], self.values[:rows], logits)
+            stash["logits"] = logits
+            return logits
+
+        processor._compute_lm_head = compute_with_patterns
+
+
+def _forward_cases(sizes: Sizes, device) -> list:
+    """``(mode, rows, select_index)``: decode at each row count; the graph draft extend with
+    ``extend_rows`` selected (reversed, repeated) rows of twice as many."""
+    cases = [("decode", rows, None) for rows in sizes.decode_rows]
+    rows = 2 * sizes.extend_rows
+    select = torch.arange(rows - 1, -1, -2, dtype=torch.int64)
+    select[-1] = select[0]
+    cases.append(("draft_extend_v2", rows, select.to(device)))
+    return cases
+
+
+def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged, seed):
+    """One vocab and dtype: the opt-in, then every forward case captured with the exchange on
+    (when engaged) and off, each replay's picks against SGLang's pick from the logits that replay
+    produced (all-gathered with SGLang's ``GroupCoordinator.all_gather``)."""
+    from sglang_dsa_mtp.integration.draft_argmax_exchange import exchange_state
+    from sglang_dsa_mtp.testing.deployment import (
+        bits_differ,
+        build_lm_head,
+        logits_forward,
+        logits_processor,
+        sglang_pick,
+    )
+
+    rank, world = group.rank_in_group, group.world_size
+    where = f"vocab {vocab}, {dtype}"
+    lm_head, gather_processor, _ = build_lm_head(
+        vocab, sizes.hidden, dtype=dtype, seed=seed, device=device
+    )
+    exchange_processor = logits_processor(vocab)
+    engaged = exchange_processor.enable_draft_argmax_exchange(lm_head, max_rows=sizes.max_rows)
+    state = exchange_state(exchange_processor)
+    result = dict(
+        vocab=vocab,
+        dtype=str(dtype),
+        engaged=engaged,
+        route=None if state is None else state.route,
+        taken=[],
+        checked=0,
+        failures=[],
+    )
+    failures = result["failures"]
+    if engaged != expect_engaged:
+        failures.append(f"{where}: engaged {engaged}, expected {expect_engaged}")
+    width = lm_head.num_embeddings_per_partition
+    overlay = _Overlay(sizes.max_rows, world, rank, width, vocab, dtype, device)
+    arms = {"gather": gather_processor}
+    if engaged:
+        arms["exchange"] = exchange_processor
+    stashes = {name: {} for name in arms}
+    for name, processor in arms.items():
+        overlay.apply_to(processor, stashes[name])
+
+    for mode, rows, select in _forward_cases(sizes, device):
+        picked = rows if select is None else select.shape[0]
+        case = f"{where}, {mode}, {picked} rows"
+        hidden = torch.zeros(rows, sizes.hidden, dtype=dtype, device=device)
+        states = {name: pick_state(picked, device) for name in arms}
+        replays = {}
+        for name, processor in arms.items():
+
+            def body(processor=processor, state=states[name]):
+                output = logits_forward(processor, lm_head, hidden, mode=mode, select_index=select)
+                pick = sglang_pick(output, mode, *state)
+                return pick, output.next_token_argmax_partials is not None
+
+            with recorder.recording() as calls:
+                replays[name] = capture_replayer(body, group, device)
+            if name == "exchange":
+                taken = route_taken(calls, group, device)
+                result["taken"].append(taken)
+                if taken != state.route:
+                    failures.append(f"{case}: the exchange ran on {taken}, predicted {state.route}")
+        for k in range(sizes.replays):
+            names = overlay.fill(first_pattern=k * picked + rows)
+            hidden.copy_(
+                shared_hidden(
+                    rows, sizes.hidden, seed=seed * 1000 + 31 * k + rows, dtype=dtype, device=device
+                )
+            )
+            picks, partials = {}, {}
+            for name, replay in replays.items():
+                fresh = pick_state(picked, device)
+                for static, value in zip(states[name], fresh):
+                    static.copy_(value)
+                picks[name], partials[name] = replay()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            gathered = group.all_gather(stashes["gather"]["logits"].contiguous(), dim=-1)
+            positions, draft_tokens = pick_state(picked, device)
+            if mode == "decode":
+                topk_p, topk_index = reference_pick(
+                    gathered, vocab, "sanitize", positions, draft_tokens, 1
+                )
+                want = dict(
+                    topk_p=topk_p,
+                    topk_index=topk_index,
+                    positions=positions,
+                    draft_tokens=draft_tokens,
+                )
+            else:
+                want = dict(topk_index=reference_pick(gathered, vocab, "propagate")[1])
+            for name in arms:
+                differing = differences(picks[name], want)
+                if differing:
+                    got = picks[name]["topk_index"].view(-1).tolist()
+                    failures.append(
+                        f"{case}, replay {k}, {name}: {', '.join(differing)} differ from SGLang's "
+                        f"pick of the gathered logits (ours {got}, "
+                        f"SGLang's {want['topk_index'].view(-1).tolist()}; rows {names[:picked]})"
+                    )
+            if partials["gather"]:
+                failures.append(f"{case}: the gather processor returned partials")
+            if engaged:
+                if not partials["exchange"]:
+                    failures.append(f"{case}: the engaged processor returned no partials")
+                problem = bits_differ(stashes["exchange"]["logits"], stashes["gather"]["logits"])
+                if problem:
+                    failures.append(
+                        f"{case}, replay {k}: the two graphs' LM-head logits differ ({problem})"
+                    )
+            result["checked"] += 1
+    return result
+
+
+def exchange_routes_worker(
+    rank: int, world: int, init_method: str, result_dir: str, route_name: str
+) -> None:
+    """Body of the route test of the draft argmax exchange, one process per rank; writes
+    ``rank<r>.json``.
+
+    In SGLang's TP group for ``route_name`` (:func:`route_group`), with the plugin registered and its
+    hooks applied by SGLang's ``HookRegistry``, and :class:`AllReduceRecorder` on the group:
+
+    * the device communicators SGLang built, and whether the route is offered here;
+    * for each vocab, the fp32 exchange buffer's all-reduce at 1 and the most rows: the route
+      predicted at opt-in (``all_reduce_route``) equals the route taken inside the CUDA-graph capture
+      (:func:`check_all_reduce_route`), and every replay's sum is exact;
+    * for each vocab and dtype, ``enable_draft_argmax_exchange`` engages exactly when that route is
+      not NCCL, and names the predicted route; then SGLang's draft ``LogitsProcessor`` forward and
+      the greedy pick (decode: ``draft_topk1_postprocess``, hooked; graph draft extend: the
+      ``propagate`` finalize or ``torch.argmax``) are captured with the exchange on (when engaged)
+      and off, and replayed with new hidden states and new :data:`argmax_cases.PATTERNS` rows
+      (ties, NaN, inf, signed zeros over the LM-head logits): tokens, ``topk_p``, positions and
+      draft tokens of both equal SGLang's pick from the all-gathered logits of that replay, bit for
+      bit, and the exchange ran on the predicted route inside the capture.
+
+    On the CPU (``route_name == "gloo"``) the same runs eagerly, at :data:`CPU_SIZES`. With one
+    rank (one GPU) the processor gathers nothing and keeps SGLang's path; the group, the captures
+    and the picks are still checked.
+    """
+    start = time.monotonic()
+    sizes = CPU_SIZES if route_name == CPU_ROUTE else GPU_SIZES
+    report = dict(rank=rank, world=world, route=route_name, failures=[], all_reduce=[], forwards=[])
+    failures = report["failures"]
+    try:
+        with route_group(rank, world, init_method, route_name) as (group, device):
+            from sglang.srt.plugins.hook_registry import HookRegistry
+
+            from sglang_dsa_mtp import plugin
+            from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
+
+            plugin.register()
+            HookRegistry.apply_hooks()
+            status = plugin.feature_status()["draft_argmax_exchange"]
+            report["feature"] = [status.enabled, status.reason]
+            report["communicators"] = describe_communicators(group)
+            report["not_offered"] = route_offered(route_name, report["communicators"])
+            report["setup_s"] = round(time.monotonic() - start, 2)
+            if not status.enabled:
+                failures.append(f"the draft argmax exchange is off: {status.reason}")
+                return
+            with AllReduceRecorder(group) as recorder:
+                for i, vocab in enumerate(sizes.vocabs):
+                    width = padded_shard_width(vocab, world)
+                    checks = [
+                        check_all_reduce_route(
+                            group,
+                            recorder,
+                            exchange_shape(rows, width, world),
+                            device,
+                            sizes.replays,
+                        )
+                        for rows in sorted({1, sizes.max_rows})
+                    ]
+                    report["all_reduce"] += checks
+                    for check in checks:
+                        if check["predicted"] != check["taken"]:
+                            failures.append(
+                                f"vocab {vocab}, {check['shape']}: all-reduce predicted "
+                                f"{check['predicted']}, taken {check['taken']}"
+                            )
+                        if not check["sums_exact"]:
+                            failures.append(f"vocab {vocab}, {check['shape']}: inexact sum")
+                    # One rank gathers nothing: the exchange needs a TP group.
+                    expect_engaged = world > 1 and not any(c["on_nccl"] for c in checks)
+                    for j, dtype in enumerate(sizes.dtypes):
+                        result = _check_forwards(
+                            group, recorder, device, sizes, vocab, dtype, expect_engaged, 10 * i + j
+                        )
+                        failures += result.pop("failures")
+                        report["forwards"].append(result)
+    except RouteUnavailable as exc:
+        report["skipped"] = str(exc)
+    finally:
+        report["seconds"] = round(time.monotonic() - start, 2)
+        Path(result_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=1))
+    if failures:
+        raise AssertionError(f"rank {rank}, route {route_name}: " + "\n".join(failures[:20]))

@@ -50,7 +50,7 @@ import triton
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
 from sglang_dsa_mtp.testing import argmax_cases as cases
-from sglang_dsa_mtp.testing import gpu_tp
+from sglang_dsa_mtp.testing import tp
 from sglang_dsa_mtp.testing.bench_cli import (
     benchmark_parser,
     markdown_header,
@@ -58,7 +58,6 @@ from sglang_dsa_mtp.testing.bench_cli import (
     parse_list,
     tunables,
 )
-from sglang_dsa_mtp.testing.process_group import run_group
 from sglang_dsa_mtp.testing.reference import topk1_module
 from sglang_dsa_mtp.testing.timing import capture_graph
 
@@ -140,7 +139,7 @@ class Step:
         logits = self.gemm()
         if fp32:
             logits = logits.float()
-        gathered = gpu_tp.all_gather_last_dim(logits)[:, : self.vocab]
+        gathered = tp.all_gather_last_dim(logits)[:, : self.vocab]
         if not fp32:
             gathered = gathered.float()  # SGLang's cast into its fp32 logits buffer
         return self.postprocess(gathered, self.positions, self.draft_tokens, 1)
@@ -207,8 +206,8 @@ def bench_rank(rank: int, world: int, args) -> dict:
     comms, unavailable = {}, {}
     for comm in args.comm:
         try:
-            comms[comm] = gpu_tp.make_all_reduce(comm, most, torch.device("cuda", rank))
-        except gpu_tp.ArmUnavailable as exc:
+            comms[comm] = tp.make_all_reduce(comm, most, torch.device("cuda", rank))
+        except tp.ArmUnavailable as exc:
             unavailable[comm] = str(exc)
     results = {}
     for rows in args.rows:
@@ -236,8 +235,8 @@ def bench_rank(rank: int, world: int, args) -> dict:
                 graphs[f"partials + finalize{suffix}"] = capture_calls(
                     step.kernels_body(), args.calls
                 )
-        row = gpu_tp.interleaved_times_us(graphs, args.calls, args.replays)
-        results[rows] = {name: gpu_tp.max_over_ranks(value) for name, value in row.items()}
+        row = tp.interleaved_times_us(graphs, args.calls, args.replays)
+        results[rows] = {name: tp.max_over_ranks(value) for name, value in row.items()}
         del graphs
     return {"shard_width": width, "results": results, "unavailable": unavailable}
 
@@ -312,7 +311,7 @@ def run(rank: int, world: int, args) -> None:
 
 
 def spawned(rank: int, world: int, init_method: str, args) -> None:
-    gpu_tp.init_tp_group(rank, world, init_method)
+    tp.init_tp_group(rank, world, init_method)
     run(rank, world, args)
 
 
@@ -328,10 +327,10 @@ def main(argv=None) -> int:
         dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
         run(rank, world, args)
         return 0
-    world = gpu_tp.tp_size(args.num_gpu)
+    world = tp.tp_size(args.num_gpu)
     if world is None:
         return 2
-    run_group(spawned, world, args, timeout_s=3600)
+    tp.run_group(spawned, world, args, timeout_s=3600)
     return 0
 
 

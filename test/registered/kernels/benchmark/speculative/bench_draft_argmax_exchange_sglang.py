@@ -1,7 +1,7 @@
 """Draft step through SGLang's own TP group: GEMM + gather against GEMM + exchange, per all-reduce route.
 
 The spec's "Draft step (LM head + top-1)" table, measured through SGLang 0.5.23 itself instead of raw
-NCCL (``bench_draft_argmax_exchange.py``): for each route of ``sglang_gpu_tp.ROUTES`` (set by
+NCCL (``bench_draft_argmax_exchange.py``): for each route of ``testing.tp.ROUTES`` (set by
 SGLang's own server args and environment), SGLang builds its real TP group and device communicators
 in one process per GPU, the plugin's hooks are applied by SGLang's ``HookRegistry``, and each arm is
 SGLang's own code, captured as SGLang's draft-decode runner captures (inside ``graph_capture()``,
@@ -49,14 +49,13 @@ from sglang_dsa_mtp.devices import select_device
 select_device()  # before any kernel module is imported: on a CPU (--dry-run), Triton's interpreter
 
 from sglang_dsa_mtp.testing import argmax_cases as cases  # noqa: E402
-from sglang_dsa_mtp.testing import gpu_tp, sglang_gpu_tp  # noqa: E402
+from sglang_dsa_mtp.testing import tp  # noqa: E402
 from sglang_dsa_mtp.testing.bench_cli import (  # noqa: E402
     benchmark_parser,
     markdown_header,
     markdown_row,
     parse_list,
 )
-from sglang_dsa_mtp.testing.process_group import run_group  # noqa: E402
 
 DRY_RUN = dict(vocab=1001, hidden=64, rows=[1, 3])
 ARMS = ("GEMM", "gather", "all-reduce", "GEMM + all-reduce", "exchange")
@@ -66,8 +65,8 @@ def build_parser():
     parser = benchmark_parser(__doc__)
     parser.add_argument(
         "--routes",
-        default=",".join(sglang_gpu_tp.GPU_ROUTES),
-        help="all-reduce routes (sglang_gpu_tp.ROUTES), comma-separated; one table each",
+        default=",".join(tp.GPU_ROUTES),
+        help="all-reduce routes (testing.tp.ROUTES), comma-separated; one table each",
     )
     parser.add_argument(
         "--num-gpu",
@@ -102,15 +101,13 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.rows = parse_list(args.rows)
     args.routes = args.routes.split(",")
-    unknown = set(args.routes) - set(sglang_gpu_tp.ROUTES)
+    unknown = set(args.routes) - set(tp.ROUTES)
     if unknown:
-        raise SystemExit(
-            f"--routes takes any of {list(sglang_gpu_tp.ROUTES)}, got {sorted(unknown)}"
-        )
+        raise SystemExit(f"--routes takes any of {list(tp.ROUTES)}, got {sorted(unknown)}")
     if args.dry_run:
         args.vocab, args.hidden, args.rows = DRY_RUN["vocab"], DRY_RUN["hidden"], DRY_RUN["rows"]
         args.calls = 1
-        args.routes = [sglang_gpu_tp.CPU_ROUTE]
+        args.routes = [tp.CPU_ROUTE]
     return args
 
 
@@ -140,7 +137,7 @@ class DraftStep:
 
     def step(self, name):
         """SGLang's draft-decode forward and greedy pick with processor ``name``."""
-        from sglang_dsa_mtp.testing.cpu_tp import logits_forward, sglang_pick
+        from sglang_dsa_mtp.testing.deployment import logits_forward, sglang_pick
 
         output = logits_forward(self.processors[name], self.lm_head, self.hidden, mode="decode")
         return sglang_pick(output, "decode", self.positions, self.draft_tokens)["topk_index"]
@@ -150,17 +147,17 @@ def bench_route(rank, world, init_method, args, route, result_file):
     """Rank ``rank``'s measurements on ``route``; rank 0 writes them (max over ranks) as JSON."""
     report = dict(route=route, results={})
     try:
-        with sglang_gpu_tp.route_group(rank, world, init_method, route) as (group, device):
+        with tp.route_group(rank, world, init_method, route) as (group, device):
             from sglang.srt.plugins.hook_registry import HookRegistry
 
             from sglang_dsa_mtp import plugin
             from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
             from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
-            from sglang_dsa_mtp.testing.cpu_tp import build_lm_head, logits_processor
+            from sglang_dsa_mtp.testing.deployment import build_lm_head, logits_processor
 
             plugin.register()
             HookRegistry.apply_hooks()
-            report["communicators"] = sglang_gpu_tp.describe_communicators(group)
+            report["communicators"] = tp.describe_communicators(group)
             lm_head, gather, _ = build_lm_head(
                 args.vocab, args.hidden, dtype=torch.bfloat16, seed=1000, device=device
             )
@@ -195,19 +192,19 @@ def bench_route(rank, world, init_method, args, route, result_file):
                     bodies["exchange"] = lambda step=step: step.step("exchange")
                 graphs = {
                     name: SimpleNamespace(
-                        replay=sglang_gpu_tp.capture_replayer(
+                        replay=tp.capture_replayer(
                             lambda body=body: [body() for _ in range(args.calls)], group, device
                         )
                     )
                     for name, body in bodies.items()
                 }
                 if device.type == "cuda":
-                    times = gpu_tp.interleaved_times_us(graphs, args.calls, args.replays)
-                    times = {name: gpu_tp.max_over_ranks(t) for name, t in times.items()}
+                    times = tp.interleaved_times_us(graphs, args.calls, args.replays)
+                    times = {name: tp.max_over_ranks(t) for name, t in times.items()}
                 else:
                     times = {name: None for name in graphs}
                 report["results"][rows] = times
-    except sglang_gpu_tp.RouteUnavailable as exc:
+    except tp.RouteUnavailable as exc:
         report["unavailable"] = str(exc)
     except Exception:
         traceback.print_exc()
@@ -222,7 +219,7 @@ def cell(value) -> str:
 
 def print_route(args, world, report) -> None:
     route = report["route"]
-    flags = sglang_gpu_tp.ROUTES[route].flags if route in sglang_gpu_tp.ROUTES else "CPU, gloo"
+    flags = tp.ROUTES[route].flags if route in tp.ROUTES else "CPU, gloo"
     if "unavailable" in report:
         print(f"## {route} ({flags}): not run, {report['unavailable']}\n")
         return
@@ -265,14 +262,14 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("this benchmark needs CUDA GPUs (or --dry-run)", file=sys.stderr)
             return 2
-        world = gpu_tp.tp_size(args.num_gpu, least=1)
+        world = tp.tp_size(args.num_gpu, least=1)
         if world is None:
             return 2
     reports = []
     with tempfile.TemporaryDirectory() as tmp:
         for route in args.routes:
             result_file = str(Path(tmp, f"{route}.json"))
-            run_group(bench_route, world, args, route, result_file, timeout_s=1800)
+            tp.run_group(bench_route, world, args, route, result_file, timeout_s=1800)
             reports.append(json.loads(Path(result_file).read_text()))
     timing = (
         "dry run"

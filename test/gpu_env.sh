@@ -15,11 +15,11 @@ if python3 -c 'import sglang' >/dev/null 2>&1; then
     echo "gpu_env.sh: using the installed SGLang ($(python3 -c 'from importlib.metadata import version; print(version("sglang"))' 2>/dev/null || echo "version unknown"))" >&2
     export PYTHONPATH="$_repo/python${PYTHONPATH:+:$PYTHONPATH}"
 else
-    _wheel=$_repo/.whl/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl
+    _wheel=$(ls "$_repo"/.whl/sglang-0.5.23-*.whl 2>/dev/null | head -n 1)
     _tree=${TMPDIR:-/tmp}/sglang-0.5.23-files
-    if [ ! -f "$_wheel" ]; then
-        echo "gpu_env.sh: SGLang does not import here and $_wheel is missing:" \
-            "install SGLang 0.5.23, or put its wheel in .whl/" >&2
+    if [ -z "$_wheel" ]; then
+        echo "gpu_env.sh: SGLang does not import here and .whl/ holds no sglang-0.5.23 wheel:" \
+            "install SGLang 0.5.23, or put its wheel in .whl/ (pip download --no-deps sglang==0.5.23)" >&2
         unset _repo _wheel _tree
         return 1
     fi

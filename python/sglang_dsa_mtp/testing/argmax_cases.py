@@ -24,13 +24,13 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
 from sglang_dsa_mtp.selfcheck import CheckResult
+from sglang_dsa_mtp.testing.constants import POISON
 from sglang_dsa_mtp.testing.reference import topk1_module
 from sglang_dsa_mtp.testing.timing import cuda_graph_time_us
 
 VOCAB = 154880  # GLM-5 / the spec's draft-step table
 HIDDEN = 6144
 PEAK = 100.0  # above every random background value, exact in bf16
-POISON_TOKEN = -0x2B2B2B2B  # draft_tokens start with this
 
 # Row patterns, cycled over the rows of a case (row i gets PATTERNS[(first + i) % len]).
 PATTERNS = (
@@ -305,7 +305,7 @@ def reference_pick(
 def pick_state(rows: int, device, *, columns: int = 4, positions_dtype=torch.int64):
     """Fresh ``(positions, draft_tokens)``: positions 1000 + 7 * row, draft tokens poisoned."""
     positions = (1000 + 7 * torch.arange(rows, dtype=torch.int64)).to(positions_dtype)
-    draft_tokens = torch.full((rows, columns), POISON_TOKEN, dtype=torch.int64)
+    draft_tokens = torch.full((rows, columns), POISON, dtype=torch.int64)
     return positions.to(device), draft_tokens.to(device)
 
 

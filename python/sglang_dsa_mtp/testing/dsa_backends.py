@@ -36,10 +36,10 @@ from types import SimpleNamespace
 import torch
 
 from sglang_dsa_mtp.testing.constants import SMALL_WIDTH, SMS
+from sglang_dsa_mtp.testing.metadata_cases import SMALL_TOPK
 from sglang_dsa_mtp.testing.reference import metadata_module
 
 LAUNCHES = {"3/1/4": (3, 1, 4), "4/1/5": (4, 1, 5), "5/1/6": (5, 1, 6)}  # steps / topk / tokens
-SMALL_TOPK = 200  # the CPU backends' index top-k: below most small lengths, so min(len, topk) bites
 SGLANG_METADATA_KERNELS = (
     "fused_dsa_decode_metadata",
     "fused_dsa_target_verify_metadata",

@@ -32,12 +32,12 @@ import torch
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 from sglang_dsa_mtp.kernels.ops.host import cdiv
 from sglang_dsa_mtp.selfcheck import CheckResult
+from sglang_dsa_mtp.testing.constants import WIDTH_1M
 from sglang_dsa_mtp.testing.reference import load_sglang_file, sglang_function
 from sglang_dsa_mtp.testing.timing import cuda_graph_time_us
 
 HEAD_DIM = 128  # the indexer's head dim (DeepSeek-V3.2, GLM-5)
 HEADS = 64  # DeepSeek-V3.2's index heads
-WIDTH_1M = 1_048_640  # SGLang's default 1M context: its logits width
 BLOCK_KV = 64  # index-K page size: DeepGEMM's and the torch reference's block
 INDEXER = "srt/layers/attention/dsa/dsa_indexer.py"
 # Lengths every scenario cycles through: empty, one token, around a KV block, around 128 and 2048.

@@ -27,10 +27,10 @@ import triton
 from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.selfcheck import CheckResult
+from sglang_dsa_mtp.testing.constants import POISON, SMALL_WIDTH, WIDTH_1M
 from sglang_dsa_mtp.testing.reference import kpool_module, metadata_module
 from sglang_dsa_mtp.testing.timing import cuda_graph_time_us
 
-POISON = -0x2B2B2B2B  # sentinel every output buffer starts with
 SPARE = 2  # rows / entries past the live batch in every output buffer, which must stay untouched
 OPS = ("decode", "verify", "draft_extend")
 ARMS = ("sglang", "sglang_kpool", "bounded")
@@ -234,10 +234,8 @@ def compare(case: MetadataCase, arm: str, reference: str = "sglang", budget=None
 # Lengths: edge cases first, then random ones
 # ------------------------------------------------------------------------------------------------
 
-SMALL_WIDTH = 300  # CPU table width: not a multiple of 128 nor of 64
 SMALL_TOPK = 200  # below most small lengths, so that min(length, topk) is exercised
 EDGE_LENGTHS = (0, 1, 127, 128, 129, SMALL_WIDTH - 1, SMALL_WIDTH)
-WIDTH_1M = 1_048_640  # SGLang's default 1M context: cdiv(width, 128) = 8193 column blocks
 
 
 def lengths_for(bs: int, generator: torch.Generator) -> list[int]:
@@ -396,9 +394,9 @@ def check_bounded_replay_metadata(device: torch.device) -> CheckResult:
     """The three bounded replay-metadata kernels against SGLang's, whole poisoned buffers."""
     gen = torch.Generator().manual_seed(0)
     if device.type == "cuda":
-        width, bs = 1_048_640, 16  # SGLang's default 1M-token table
+        width, bs = WIDTH_1M, 16  # SGLang's default 1M-token table
     else:
-        width, bs = 300, 3
+        width, bs = SMALL_WIDTH, 3
     req_to_token = torch.randint(0, 1 << 30, (2 * bs, width), dtype=torch.int32, generator=gen)
     req_to_token = req_to_token.to(device)
     ours_us = sglang_us = 0.0
@@ -440,7 +438,7 @@ def check_draft_decode_metadata(device: torch.device) -> CheckResult:
     if device.type == "cuda":
         width, bs = WIDTH_1M, 16
     else:
-        width, bs = 300, 3
+        width, bs = SMALL_WIDTH, 3
     lengths = torch.randint(0, width + 1, (bs,), generator=gen).tolist()
     case = make_case("decode", lengths, width=width, device=device, pool_rows=2 * bs, generator=gen)
     ours = run_draft_decode_multi(case, [case.outputs() for _ in range(steps)])

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-PROGRAMS_PER_SM = 8  # default budget on CUDA: this many programs per multiprocessor
+PROGRAMS_PER_SM = 4  # default budget on CUDA: this many programs per multiprocessor
 CPU_DEFAULT_BUDGET = 64  # default budget for CPU tensors (Triton's interpreter)
 
 

@@ -4,7 +4,7 @@ SGLang 0.5.23's ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_g
 ``fused_dsa_decode_metadata`` into a freshly allocated full-width scratch table (bs x context width,
 plus the compact ``real_page_table``), then copies every scratch buffer, full width, into each draft
 step backend's CUDA-graph buffers. :func:`fused_dsa_draft_decode_metadata_multi` replaces both: one
-launch of ``1 + bs * bounded_num_splits(bs, width, budget)`` programs (the grid of
+launch of ``1 + bounded_num_programs(bs, width, budget)`` programs (the grid of
 ``fused_dsa_decode_metadata_bounded``, never dependent on the live lengths) reads each live
 ``req_to_token`` tile once and stores it into every destination.
 
@@ -27,14 +27,15 @@ import triton.language as tl
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
-    bounded_num_splits,
+    block_requests,
+    bounded_num_programs,
     check_common,
     copy_live_tiles,
     page_tables,
     store_decode_seqlens,
     tuning,
 )
-from sglang_dsa_mtp.kernels.ops.host import default_budget, next_power_of_2
+from sglang_dsa_mtp.kernels.ops.host import default_budget
 from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans
 
 MAX_DESTINATIONS = 4  # draft step backends one launch serves (EAGLE speculative_num_steps <= 5)
@@ -60,7 +61,7 @@ class DecodeMetadataDestination(NamedTuple):
     do_not_specialize=[
         "bs",
         "width",
-        "num_splits",
+        "num_programs",
         "page_table_stride_0",
         "real_page_table_stride_0",
     ],
@@ -86,7 +87,7 @@ def _draft_decode_metadata_kernel(
     real_page_table_stride_1,
     bs,
     width,
-    num_splits,
+    num_programs,
     dsa_index_topk,
     physical_page_size: tl.constexpr,
     HAS_PAGE_TABLE_1: tl.constexpr,
@@ -95,6 +96,7 @@ def _draft_decode_metadata_kernel(
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    STREAMING: tl.constexpr,
 ):
     # Each buffer argument is a tuple: that buffer of every destination, in order.
     pid = tl.program_id(0)
@@ -113,33 +115,39 @@ def _draft_decode_metadata_kernel(
         )
         return
 
-    req = (pid - 1) // num_splits
-    split = (pid - 1) - req * num_splits
-    req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride)
-    kv_len = tl.load(seq_lens + req * seq_lens_stride).to(tl.int32)
     copy_live_tiles(
         req_to_token,
         page_table_1,
         real_page_table,
-        req_idx,
-        kv_len,
-        req,
-        1,
-        split,
-        num_splits,
+        seq_lens,
+        req_pool_indices,
+        seq_lens,
+        pid - 1,
+        num_programs,
+        bs,
         width,
+        0,
+        seq_lens_stride,
+        req_pool_indices_stride,
+        0,
         req_to_token_stride_0,
         req_to_token_stride_1,
         page_table_stride_0,
         page_table_stride_1,
         real_page_table_stride_0,
         real_page_table_stride_1,
+        0,
+        1,
+        False,
+        1,
         physical_page_size,
         HAS_PAGE_TABLE_1,
         HAS_REAL_PAGE_TABLE,
+        BLOCK_BS,
         BLOCK_N,
         TILE_N,
         NUM_STAGES,
+        STREAMING,
     )
 
 
@@ -206,10 +214,10 @@ def fused_dsa_draft_decode_metadata_multi(
     page_table_1, real_page_table = (tuple(t[i] for t in tables) for i in (0, 1))
     buffers = [tuple(getattr(d, name) for d in destinations) for name in _LENGTHS]
     budget = default_budget(seq_lens.device) if budget is None else budget
-    num_splits = bounded_num_splits(bs, max_len, budget)
+    num_programs = bounded_num_programs(bs, max_len, budget)
     _PLANS.launch(
         key,
-        (1 + bs * num_splits,),
+        (1 + num_programs,),
         (
             seq_lens,
             req_pool_indices,
@@ -230,17 +238,18 @@ def fused_dsa_draft_decode_metadata_multi(
             real_page_table[0].stride(1),
             bs,
             max_len,
-            num_splits,
+            num_programs,
             dsa_index_topk,
             physical_page_size,
             has_pt1,
             has_real,
         ),
         dict(
-            BLOCK_BS=next_power_of_2(bs),
+            BLOCK_BS=block_requests(bs),
             BLOCK_N=common.BLOCK_N,
             TILE_N=common.TILE_N,
             NUM_STAGES=common.NUM_STAGES,
+            STREAMING=common.STREAMING,
         ),
         input_len=bs,
         num_warps=common.NUM_WARPS,

@@ -22,7 +22,8 @@ import triton.language as tl
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
-    bounded_num_splits,
+    block_requests,
+    bounded_num_programs,
     check_common,
     check_int32,
     copy_live_tiles,
@@ -44,7 +45,7 @@ from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans
     do_not_specialize=[
         "bs",
         "width",
-        "num_splits",
+        "num_programs",
         "page_table_stride_0",
         "real_page_table_stride_0",
     ],
@@ -70,7 +71,7 @@ def _bounded_decode_metadata_kernel(
     real_page_table_stride_1,
     bs,
     width,
-    num_splits,
+    num_programs,
     dsa_index_topk,
     physical_page_size: tl.constexpr,
     HAS_PAGE_TABLE_1: tl.constexpr,
@@ -79,6 +80,7 @@ def _bounded_decode_metadata_kernel(
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    STREAMING: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid == 0:
@@ -96,33 +98,39 @@ def _bounded_decode_metadata_kernel(
         )
         return
 
-    req = (pid - 1) // num_splits
-    split = (pid - 1) - req * num_splits
-    req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride)
-    kv_len = tl.load(seq_lens + req * seq_lens_stride).to(tl.int32)
     copy_live_tiles(
         req_to_token,
         (page_table_1,),
         (real_page_table,),
-        req_idx,
-        kv_len,
-        req,
-        1,
-        split,
-        num_splits,
+        seq_lens,
+        req_pool_indices,
+        seq_lens,
+        pid - 1,
+        num_programs,
+        bs,
         width,
+        0,
+        seq_lens_stride,
+        req_pool_indices_stride,
+        0,
         req_to_token_stride_0,
         req_to_token_stride_1,
         page_table_stride_0,
         page_table_stride_1,
         real_page_table_stride_0,
         real_page_table_stride_1,
+        0,
+        1,
+        False,
+        1,
         physical_page_size,
         HAS_PAGE_TABLE_1,
         HAS_REAL_PAGE_TABLE,
+        BLOCK_BS,
         BLOCK_N,
         TILE_N,
         NUM_STAGES,
+        STREAMING,
     )
 
 
@@ -187,10 +195,10 @@ def fused_dsa_decode_metadata_bounded(
         page_table_1, real_page_table, bs, max_len, physical_page_size, req_to_token.device
     )
     budget = default_budget(seq_lens.device) if budget is None else budget
-    num_splits = bounded_num_splits(bs, max_len, budget)
+    num_programs = bounded_num_programs(bs, max_len, budget)
     _DECODE_PLANS.launch(
         key,
-        (1 + bs * num_splits,),
+        (1 + num_programs,),
         (
             seq_lens,
             req_pool_indices,
@@ -211,17 +219,18 @@ def fused_dsa_decode_metadata_bounded(
             real_page_table.stride(1),
             bs,
             max_len,
-            num_splits,
+            num_programs,
             dsa_index_topk,
             physical_page_size,
             has_pt1,
             has_real,
         ),
         dict(
-            BLOCK_BS=next_power_of_2(bs),
+            BLOCK_BS=block_requests(bs),
             BLOCK_N=common.BLOCK_N,
             TILE_N=common.TILE_N,
             NUM_STAGES=common.NUM_STAGES,
+            STREAMING=common.STREAMING,
         ),
         input_len=bs,
         num_warps=common.NUM_WARPS,
@@ -240,7 +249,7 @@ _DECODE_PLANS = LaunchPlans(_bounded_decode_metadata_kernel, num_inputs=2)
     do_not_specialize=[
         "bs",
         "width",
-        "num_splits",
+        "num_programs",
         "page_table_stride_0",
         "real_page_table_stride_0",
     ],
@@ -270,7 +279,7 @@ def _bounded_target_verify_metadata_kernel(
     ctx_lens_stride_1,
     bs,
     width,
-    num_splits,
+    num_programs,
     dsa_index_topk,
     next_n: tl.constexpr,
     physical_page_size: tl.constexpr,
@@ -282,6 +291,7 @@ def _bounded_target_verify_metadata_kernel(
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    STREAMING: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid == 0:
@@ -311,33 +321,39 @@ def _bounded_target_verify_metadata_kernel(
             )
         return
 
-    req = (pid - 1) // num_splits
-    split = (pid - 1) - req * num_splits
-    req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride)
-    kv_len = tl.load(seq_lens + req * seq_lens_stride).to(tl.int32) + next_n
     copy_live_tiles(
         req_to_token,
         (page_table_1,),
         (real_page_table,),
-        req_idx,
-        kv_len,
-        req * next_n,
-        next_n,
-        split,
-        num_splits,
+        seq_lens,
+        req_pool_indices,
+        seq_lens,
+        pid - 1,
+        num_programs,
+        bs,
         width,
+        0,
+        seq_lens_stride,
+        req_pool_indices_stride,
+        0,
         req_to_token_stride_0,
         req_to_token_stride_1,
         page_table_stride_0,
         page_table_stride_1,
         real_page_table_stride_0,
         real_page_table_stride_1,
+        next_n,
+        next_n,
+        False,
+        1,
         physical_page_size,
         HAS_PAGE_TABLE_1,
         HAS_REAL_PAGE_TABLE,
+        BLOCK_BS,
         BLOCK_N,
         TILE_N,
         NUM_STAGES,
+        STREAMING,
     )
 
 
@@ -424,10 +440,10 @@ def fused_dsa_target_verify_metadata_bounded(
             )
     ctx_lens = paged_mqa_ctx_lens_2d if has_ctx_lens else cache_seqlens
     budget = default_budget(seq_lens.device) if budget is None else budget
-    num_splits = bounded_num_splits(bs, max_seqlen_k, budget)
+    num_programs = bounded_num_programs(bs, max_seqlen_k, budget)
     _VERIFY_PLANS.launch(
         key,
-        (1 + bs * num_splits,),
+        (1 + num_programs,),
         (
             seq_lens,
             req_pool_indices,
@@ -452,7 +468,7 @@ def fused_dsa_target_verify_metadata_bounded(
             paged_mqa_ctx_lens_2d.stride(1) if has_ctx_lens else 0,
             bs,
             max_seqlen_k,
-            num_splits,
+            num_programs,
             dsa_index_topk,
             next_n,
             physical_page_size,
@@ -461,11 +477,12 @@ def fused_dsa_target_verify_metadata_bounded(
             has_ctx_lens,
         ),
         dict(
-            BLOCK_BS=next_power_of_2(bs),
+            BLOCK_BS=block_requests(bs),
             BLOCK_EXPANDED=next_power_of_2(rows),
             BLOCK_N=common.BLOCK_N,
             TILE_N=common.TILE_N,
             NUM_STAGES=common.NUM_STAGES,
+            STREAMING=common.STREAMING,
         ),
         input_len=bs,
         num_warps=common.NUM_WARPS,
@@ -485,7 +502,7 @@ _VERIFY_PLANS = LaunchPlans(_bounded_target_verify_metadata_kernel, num_inputs=2
         "bs",
         "total_len",
         "width",
-        "num_splits",
+        "num_programs",
         "page_table_stride_0",
         "real_page_table_stride_0",
     ],
@@ -515,7 +532,7 @@ def _bounded_draft_extend_metadata_kernel(
     bs,
     total_len,
     width,
-    num_splits,
+    num_programs,
     dsa_index_topk,
     physical_page_size: tl.constexpr,
     HAS_PAGE_TABLE_1: tl.constexpr,
@@ -527,6 +544,7 @@ def _bounded_draft_extend_metadata_kernel(
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    STREAMING: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid == 0:
@@ -566,42 +584,39 @@ def _bounded_draft_extend_metadata_kernel(
         )
         return
 
-    req = (pid - 1) // num_splits
-    split = (pid - 1) - req * num_splits
-    qo_len = tl.load(extend_seq_lens + req * extend_seq_lens_stride).to(tl.int32)
-    if STATIC_EXTEND_LEN:
-        first_row = req * qo_len
-    else:
-        first_row = tl.full((), 0, tl.int32)
-        for i in tl.range(0, req):
-            first_row += tl.load(extend_seq_lens + i * extend_seq_lens_stride).to(tl.int32)
-    req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride)
-    kv_len = tl.load(seq_lens + req * seq_lens_stride).to(tl.int32)
-    # SGLang writes at most BLOCK_ROWS (next_power_of_2(max_extend_len)) rows per request.
-    num_rows = tl.maximum(tl.minimum(tl.minimum(qo_len, BLOCK_ROWS), total_len - first_row), 0)
     copy_live_tiles(
         req_to_token,
         (page_table_1,),
         (real_page_table,),
-        req_idx,
-        kv_len,
-        first_row,
-        num_rows,
-        split,
-        num_splits,
+        seq_lens,
+        req_pool_indices,
+        extend_seq_lens,
+        pid - 1,
+        num_programs,
+        bs,
         width,
+        total_len,
+        seq_lens_stride,
+        req_pool_indices_stride,
+        extend_seq_lens_stride,
         req_to_token_stride_0,
         req_to_token_stride_1,
         page_table_stride_0,
         page_table_stride_1,
         real_page_table_stride_0,
         real_page_table_stride_1,
+        0,
+        0,
+        STATIC_EXTEND_LEN,
+        BLOCK_ROWS,
         physical_page_size,
         HAS_PAGE_TABLE_1,
         HAS_REAL_PAGE_TABLE,
+        BLOCK_BS,
         BLOCK_N,
         TILE_N,
         NUM_STAGES,
+        STREAMING,
     )
 
 
@@ -696,10 +711,10 @@ def fused_dsa_draft_extend_metadata_bounded(
         req_to_token.device,
     )
     budget = default_budget(seq_lens.device) if budget is None else budget
-    num_splits = bounded_num_splits(bs, max_seqlen_k, budget)
+    num_programs = bounded_num_programs(bs, max_seqlen_k, budget)
     _DRAFT_EXTEND_PLANS.launch(
         key,
-        (1 + bs * num_splits,),
+        (1 + num_programs,),
         (
             seq_lens,
             extend_seq_lens,
@@ -724,7 +739,7 @@ def fused_dsa_draft_extend_metadata_bounded(
             bs,
             total_len,
             max_seqlen_k,
-            num_splits,
+            num_programs,
             dsa_index_topk,
             physical_page_size,
             has_pt1,
@@ -732,12 +747,13 @@ def fused_dsa_draft_extend_metadata_bounded(
             bool(static_extend_len),
         ),
         dict(
-            BLOCK_BS=next_power_of_2(bs),
+            BLOCK_BS=block_requests(bs),
             BLOCK_EXPANDED=next_power_of_2(max_total_len),
             BLOCK_ROWS=next_power_of_2(max_extend_len),
             BLOCK_N=common.BLOCK_N,
             TILE_N=common.TILE_N,
             NUM_STAGES=common.NUM_STAGES,
+            STREAMING=common.STREAMING,
         ),
         input_len=bs,
         num_warps=common.NUM_WARPS,

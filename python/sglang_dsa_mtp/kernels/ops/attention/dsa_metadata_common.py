@@ -1,13 +1,17 @@
 """What the bounded replay-metadata kernels share: the launch shape, the device code, the checks.
 
 Used by ``dsa_metadata_bounded`` (decode, target verify, draft extend) and
-``dsa_draft_decode_metadata`` (the MTP one launch). Every launch has ``1 + requests * splits``
-programs, ``splits`` from :func:`bounded_num_splits` (a function of requests, width and budget only,
-never of the live lengths, so one CUDA-graph capture serves every replay). Program 0 writes the
-length vectors; every other program strides over its request's live tiles of ``TILE_N`` columns
-(:func:`copy_live_tiles`), reading each tile of ``req_to_token`` once and storing it to every output
-row and every destination (a tuple of tables: one for the three SGLang-shaped kernels, one per
-draft step backend for the MTP one launch).
+``dsa_draft_decode_metadata`` (the MTP one launch). A launch has ``1 + programs`` programs,
+``programs`` from :func:`bounded_num_programs`: a function of (requests, width, budget) only, never
+of the live lengths, so one CUDA-graph capture serves every replay. Program 0 writes the length
+vectors. The others share the batch's live tiles of ``TILE_N`` columns (:func:`copy_live_tiles`):
+every program computes, from the live lengths, how many tiles each request has, and takes every
+``programs``-th tile of the whole batch, whichever requests they belong to. One long request among
+short ones is thus spread over every program, as much as a batch of long ones. Each tile of
+``req_to_token`` is read once and stored to every output row of its request (one in decode,
+``next_n`` in target verify, the request's rows in draft extend) and to every destination (a tuple
+of tables: one for the three SGLang-shaped kernels, one per draft step backend for the MTP one
+launch).
 
 Write region (SGLang's contract, reproduced exactly): per output row, page-table columns
 ``c < min(width, 128 * cdiv(kv_len, 128))``, i.e. whole live 128-column blocks masked by the width;
@@ -21,25 +25,30 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_dsa_mtp.kernels.ops.host import cdiv
+from sglang_dsa_mtp.kernels.ops.host import cdiv, next_power_of_2
 
 BLOCK_N = 128  # SGLang's column block: the write region is whole blocks of this many columns
-TILE_N = 256  # columns one program moves per loop iteration (a multiple of BLOCK_N)
-MAX_SPLITS_PER_REQUEST = 256
+TILE_N = 1024  # columns one program moves per loop iteration (a multiple of BLOCK_N)
 NUM_WARPS = 4
-NUM_STAGES = 3  # software-pipelined tile loads in each program's strided loop
+NUM_STAGES = 3  # software-pipelined tile loads in each program's loop
+STREAMING = 0  # 1: req_to_token tiles are loaded evict-first and the tables stored streaming
 
 
 def tuning() -> tuple:
     """The module constants a launch depends on (benchmarks and tests override them): part of
     every launch plan's key."""
-    return BLOCK_N, TILE_N, NUM_STAGES, NUM_WARPS, MAX_SPLITS_PER_REQUEST
+    return BLOCK_N, TILE_N, NUM_STAGES, NUM_WARPS, STREAMING
 
 
-def bounded_num_splits(requests: int, width: int, budget: int) -> int:
-    """Programs per request: depends only on (requests, width, budget), never on live lengths."""
-    num_tiles = cdiv(width, TILE_N)
-    return max(1, min(budget // requests, MAX_SPLITS_PER_REQUEST, num_tiles))
+def bounded_num_programs(requests: int, width: int, budget: int) -> int:
+    """Tile programs of a launch: the budget, or fewer where the batch cannot have that many
+    tiles (``requests * cdiv(width, TILE_N)``); at least one. Never depends on live lengths."""
+    return max(1, min(budget, requests * cdiv(width, TILE_N)))
+
+
+def block_requests(requests: int) -> int:
+    """The lanes one program holds the per-request vectors in (a power of two, at least 2)."""
+    return max(2, next_power_of_2(requests))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -52,52 +61,155 @@ def copy_live_tiles(
     req_to_token,
     page_tables,
     real_page_tables,
-    req_idx,
-    kv_len,
-    first_row,
-    num_rows,
-    split,
-    num_splits,
+    seq_lens,
+    req_pool_indices,
+    extend_seq_lens,
+    program,
+    num_programs,
+    bs,
     width,
+    total_len,
+    seq_lens_stride,
+    req_pool_indices_stride,
+    extend_seq_lens_stride,
     req_to_token_stride_0,
     req_to_token_stride_1,
     page_table_stride_0,
     page_table_stride_1,
     real_page_table_stride_0,
     real_page_table_stride_1,
+    KV_ADD: tl.constexpr,
+    ROWS_PER_REQUEST: tl.constexpr,
+    STATIC_EXTEND_LEN: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
     physical_page_size: tl.constexpr,
     HAS_PAGE_TABLE_1: tl.constexpr,
     HAS_REAL_PAGE_TABLE: tl.constexpr,
+    BLOCK_BS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    STREAMING: tl.constexpr,
 ):
-    """This program's share of one request's live tiles, into rows ``first_row .. + num_rows`` of
-    every table of ``page_tables`` and ``real_page_tables`` (tuples of one length, tables sharing
-    their strides): each live tile is read once and stored everywhere."""
+    """Program ``program`` (of ``num_programs``)'s share of the batch's live tiles: global tiles
+    ``program, program + num_programs, ...`` in request order, each into its request's rows of
+    every table of ``page_tables`` / ``real_page_tables`` (tuples of one length, tables sharing
+    their strides). A request's KV length is ``seq_lens + KV_ADD``; its rows are ``r`` (one per
+    request, ``ROWS_PER_REQUEST == 1``), ``r * n .. + n`` (``ROWS_PER_REQUEST == n``), or, with
+    ``ROWS_PER_REQUEST == 0`` (draft extend), its ``extend_seq_lens`` rows (at most
+    ``BLOCK_ROWS`` and none past ``total_len``), starting at ``r * extend_seq_lens[r]``
+    (``STATIC_EXTEND_LEN``) or after the rows of the requests before it."""
+    offs_b = tl.arange(0, BLOCK_BS)
+    mask_b = offs_b < bs
+    kv = tl.load(seq_lens + offs_b * seq_lens_stride, mask=mask_b, other=0).to(tl.int32) + KV_ADD
     # Whole live 128-column blocks, the last one masked by the width: SGLang's write region.
-    live_end = tl.minimum(tl.cdiv(kv_len, BLOCK_N) * BLOCK_N, width)
-    num_tiles = tl.cdiv(live_end, TILE_N)
-    src = req_to_token + req_idx.to(tl.int64) * req_to_token_stride_0
-    first_row = first_row.to(tl.int64)
-    for tile in tl.range(split, num_tiles, num_splits, num_stages=NUM_STAGES):
-        offs_n = tile * TILE_N + tl.arange(0, TILE_N)
-        mask = offs_n < live_end
-        vals = tl.load(src + offs_n * req_to_token_stride_1, mask=mask, other=0).to(tl.int32)
+    live_end = tl.where(mask_b & (kv > 0), tl.minimum(tl.cdiv(kv, BLOCK_N) * BLOCK_N, width), 0)
+    tiles = tl.cdiv(live_end, TILE_N)
+    tiles_end = tl.cumsum(tiles, 0)
+    if ROWS_PER_REQUEST == 0:
+        qo = tl.load(extend_seq_lens + offs_b * extend_seq_lens_stride, mask=mask_b, other=0)
+        qo = qo.to(tl.int32)
+        if STATIC_EXTEND_LEN:
+            first_rows = offs_b * qo
+        else:
+            first_rows = tl.cumsum(qo, 0) - qo
+        row_counts = tl.maximum(tl.minimum(tl.minimum(qo, BLOCK_ROWS), total_len - first_rows), 0)
+    else:
+        first_rows = offs_b * ROWS_PER_REQUEST
+        row_counts = offs_b * 0 + ROWS_PER_REQUEST
+    # This program's first tile's request; then, at each tile past the request's last, the next.
+    req = tl.sum((tiles_end <= program).to(tl.int32), 0)
+    tile_end, tile_start, end, first_row, num_rows = _request_facts(
+        req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts
+    )
+    req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride).to(tl.int64)
+    for tile in tl.range(program, tl.sum(tiles, 0), num_programs, num_stages=NUM_STAGES):
+        if tile >= tile_end:
+            req = tl.sum((tiles_end <= tile).to(tl.int32), 0)
+            tile_end, tile_start, end, first_row, num_rows = _request_facts(
+                req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts
+            )
+            req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride).to(tl.int64)
+        offs_n = (tile - tile_start) * TILE_N + tl.arange(0, TILE_N)
+        mask = offs_n < end
+        src = req_to_token + req_idx * req_to_token_stride_0 + offs_n * req_to_token_stride_1
+        if STREAMING:
+            vals = tl.load(src, mask=mask, other=0, eviction_policy="evict_first").to(tl.int32)
+        else:
+            vals = tl.load(src, mask=mask, other=0).to(tl.int32)
         # page_table_1 offsets / values, then real_page_table's (one entry per page start).
         offs = offs_n * page_table_stride_1
         real_offs = (offs_n // physical_page_size) * real_page_table_stride_1
         real_vals = vals // physical_page_size
         real_mask = mask & ((offs_n % physical_page_size) == 0)
-        for r in range(num_rows):
-            row = first_row + r
-            offs_row = row * page_table_stride_0 + offs
-            real_offs_row = row * real_page_table_stride_0 + real_offs
-            for d in tl.static_range(len(page_tables)):
-                if HAS_PAGE_TABLE_1:
-                    tl.store(page_tables[d] + offs_row, vals, mask=mask)
-                if HAS_REAL_PAGE_TABLE:
-                    tl.store(real_page_tables[d] + real_offs_row, real_vals, mask=real_mask)
+        if ROWS_PER_REQUEST == 0:
+            for r in range(num_rows):
+                _store_row(
+                    page_tables,
+                    real_page_tables,
+                    (first_row + r) * page_table_stride_0 + offs,
+                    (first_row + r) * real_page_table_stride_0 + real_offs,
+                    vals,
+                    real_vals,
+                    mask,
+                    real_mask,
+                    HAS_PAGE_TABLE_1,
+                    HAS_REAL_PAGE_TABLE,
+                    STREAMING,
+                )
+        else:
+            for r in tl.static_range(ROWS_PER_REQUEST):
+                _store_row(
+                    page_tables,
+                    real_page_tables,
+                    (first_row + r) * page_table_stride_0 + offs,
+                    (first_row + r) * real_page_table_stride_0 + real_offs,
+                    vals,
+                    real_vals,
+                    mask,
+                    real_mask,
+                    HAS_PAGE_TABLE_1,
+                    HAS_REAL_PAGE_TABLE,
+                    STREAMING,
+                )
+
+
+@triton.jit
+def _request_facts(req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts):
+    """Request ``req``'s last global tile + 1, its first global tile, its live end (columns), its
+    first output row (int64) and its number of rows, from the per-request vectors."""
+    this = offs_b == req
+    tile_end = tl.sum(tl.where(this, tiles_end, 0), 0)
+    tile_start = tile_end - tl.sum(tl.where(this, tiles, 0), 0)
+    end = tl.sum(tl.where(this, live_end, 0), 0)
+    first_row = tl.sum(tl.where(this, first_rows, 0), 0).to(tl.int64)
+    num_rows = tl.sum(tl.where(this, row_counts, 0), 0)
+    return tile_end, tile_start, end, first_row, num_rows
+
+
+@triton.jit
+def _store_row(
+    page_tables,
+    real_page_tables,
+    offs,
+    real_offs,
+    vals,
+    real_vals,
+    mask,
+    real_mask,
+    HAS_PAGE_TABLE_1: tl.constexpr,
+    HAS_REAL_PAGE_TABLE: tl.constexpr,
+    STREAMING: tl.constexpr,
+):
+    """One output row's share of a tile, into every destination of the tuples."""
+    for d in tl.static_range(len(page_tables)):
+        if HAS_PAGE_TABLE_1:
+            if STREAMING:
+                tl.store(page_tables[d] + offs, vals, mask=mask, cache_modifier=".cs")
+            else:
+                tl.store(page_tables[d] + offs, vals, mask=mask)
+        if HAS_REAL_PAGE_TABLE:
+            tl.store(real_page_tables[d] + real_offs, real_vals, mask=real_mask)
 
 
 @triton.jit

@@ -64,8 +64,8 @@ from sglang_dsa_mtp.testing.bench_cli import (
     variant_name,
     write_json,
 )
+from sglang_dsa_mtp.testing.constants import WIDTH_1M
 from sglang_dsa_mtp.testing.metadata_cases import (
-    WIDTH_1M,
     make_case,
     run_draft_decode_multi,
     run_stock_draft_decode,
@@ -80,6 +80,7 @@ WIDTH = WIDTH_1M  # cdiv(WIDTH, 128) = 8193 column blocks
 PAGE = 64
 TOPK = 2048
 EAGLE = {3: "3 (EAGLE 4/1/5)", 4: "4 (EAGLE 5/1/6)"}  # step backends: speculative_num_steps - 1
+MIXED_SHORT = 1024  # the other requests' length in a mixed batch
 ARMS = ("stock", "stock_foreach", "one_launch", "bounded")
 COLUMN = {"stock": "stock", "stock_foreach": "stock foreach", "bounded": "bounded decode"}
 
@@ -89,13 +90,15 @@ def vector_bytes(bs: int) -> int:
     return 4 * (4 * bs + 2)
 
 
-def bytes_moved(bs: int, live: int, steps: int) -> int:
+def bytes_moved(lengths: list[int], steps: int) -> int:
     """Fewest bytes the one launch must move: live req_to_token columns read once per request,
     live page-table columns (both tables) and the length vectors written once per step backend,
     the int64 seq_lens and req_pool_indices read."""
-    cols = min(WIDTH, triton.cdiv(live, 128) * 128)
-    tables = bs * (cols + triton.cdiv(cols, PAGE))
-    return 4 * bs * cols + steps * (4 * tables + vector_bytes(bs)) + 16 * bs
+    bs, moved = len(lengths), 0
+    for live in lengths:
+        cols = min(WIDTH, triton.cdiv(live, 128) * 128)
+        moved += 4 * cols + steps * 4 * (cols + triton.cdiv(cols, PAGE))
+    return moved + steps * vector_bytes(bs) + 16 * bs
 
 
 def scratch_bytes(bs: int) -> int:
@@ -122,6 +125,12 @@ def build_parser():
         "--live", default="1024,65536", help="live KV lengths in tokens, comma-separated"
     )
     parser.add_argument("--bs", default="1,4,16", help="batch sizes, comma-separated")
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="also a mixed batch per (live, bs > 1): one request at the live length, the others "
+        f"at {MIXED_SHORT} tokens",
+    )
     parser.add_argument(
         "--arms", default=",".join(ARMS), help=f"arms to time, comma-separated, any of {ARMS}"
     )
@@ -170,68 +179,80 @@ def main(argv=None) -> int:
     if "bounded" in arms:
         columns.append(COLUMN["bounded"])
     header = ["step backends", "live KV", "bs", *columns, "floor", "one launch / floor"]
-    header.append("stock scratch MiB")
+    header += ["stock scratch MiB", "one launch fastest"]
     print(markdown_header(header))
     records = []
-    for steps in steps_list:
-        for live in lives:
-            for bs in batch_sizes:
-                case = make_case(
-                    "decode",
-                    [live] * bs,
-                    width=WIDTH,
-                    device="cuda",
-                    page_size=PAGE,
-                    topk=TOPK,
-                    req_to_token=req_to_token,
-                )
-                outs = [case.outputs() for _ in range(steps)]
-                check_one_launch(case, outs)
-                row = {}
+    points = [
+        (steps, live, bs, mixed)
+        for steps in steps_list
+        for live in lives
+        for bs in batch_sizes
+        for mixed in ((False, True) if args.mixed and bs > 1 else (False,))
+    ]
+    for steps, live, bs, mixed in points:
+        lengths = [live] + [MIXED_SHORT if mixed else live] * (bs - 1)
+        case = make_case(
+            "decode",
+            lengths,
+            width=WIDTH,
+            device="cuda",
+            page_size=PAGE,
+            topk=TOPK,
+            req_to_token=req_to_token,
+        )
+        outs = [case.outputs() for _ in range(steps)]
+        check_one_launch(case, outs)
+        row = {}
 
-                def timed(name, fn):
-                    try:
-                        row[name] = cuda_graph_time_us(
-                            fn, calls=args.calls, replays=args.replays, cold_l2=not args.hot_l2
-                        )
-                    except Exception:  # report the arm as missing, keep the others
-                        traceback.print_exc(file=sys.stderr)
-                        row[name] = None
-
-                if "stock" in arms:
-                    timed(COLUMN["stock"], lambda: run_stock_draft_decode(case, outs))
-                if "stock_foreach" in arms:
-                    timed(
-                        COLUMN["stock_foreach"],
-                        lambda: run_stock_draft_decode(case, outs, foreach=True),
-                    )
-                ours = []
-                if "one_launch" in arms:
-                    for variant in variants:
-                        name = variant_name(variant).replace("ours", "one launch", 1)
-                        with tunables(common, variant) as budget:
-                            timed(name, lambda: run_draft_decode_multi(case, outs, budget=budget))
-                        ours.append(row[name])
-                if "bounded" in arms:
-                    timed(COLUMN["bounded"], lambda: case.run("bounded", outs[0]))
-                floor = launch + bytes_moved(bs, live, steps) / bandwidth
-                best = min((t for t in ours if t is not None), default=None)
-                cells = [EAGLE.get(steps, str(steps)), f"{live // 1024}k", str(bs)]
-                cells += ["-" if row[c] is None else f"{row[c]:.1f}" for c in columns]
-                cells += [f"{floor:.1f}", "-" if best is None else f"{best / floor:.2f}"]
-                cells.append(f"{scratch_bytes(bs) / 2**20:.1f}")
-                print(markdown_row(cells), flush=True)
-                records.append(
-                    dict(
-                        steps=steps,
-                        live=live,
-                        bs=bs,
-                        floor_us=floor,
-                        bytes_moved=bytes_moved(bs, live, steps),
-                        stock_scratch_bytes=scratch_bytes(bs),
-                        **row,
-                    )
+        def timed(name, fn):
+            try:
+                row[name] = cuda_graph_time_us(
+                    fn, calls=args.calls, replays=args.replays, cold_l2=not args.hot_l2
                 )
+            except Exception:  # report the arm as missing, keep the others
+                traceback.print_exc(file=sys.stderr)
+                row[name] = None
+
+        if "stock" in arms:
+            timed(COLUMN["stock"], lambda: run_stock_draft_decode(case, outs))
+        if "stock_foreach" in arms:
+            timed(
+                COLUMN["stock_foreach"],
+                lambda: run_stock_draft_decode(case, outs, foreach=True),
+            )
+        ours = []
+        if "one_launch" in arms:
+            for variant in variants:
+                name = variant_name(variant).replace("ours", "one launch", 1)
+                with tunables(common, variant) as budget:
+                    timed(name, lambda: run_draft_decode_multi(case, outs, budget=budget))
+                ours.append(row[name])
+        if "bounded" in arms:
+            timed(COLUMN["bounded"], lambda: case.run("bounded", outs[0]))
+        floor = launch + bytes_moved(lengths, steps) / bandwidth
+        best = min((t for t in ours if t is not None), default=None)
+        stock = [row[COLUMN[a]] for a in ("stock", "stock_foreach") if a in arms]
+        stock = [t for t in stock if t is not None]
+        label = f"{live // 1024}k" + (" mixed" if mixed else "")
+        cells = [EAGLE.get(steps, str(steps)), label, str(bs)]
+        cells += ["-" if row[c] is None else f"{row[c]:.1f}" for c in columns]
+        cells += [f"{floor:.1f}", "-" if best is None else f"{best / floor:.2f}"]
+        cells.append(f"{scratch_bytes(bs) / 2**20:.1f}")
+        fastest = "-" if best is None or not stock else ("yes" if best <= min(stock) else "**NO**")
+        cells.append(fastest)
+        print(markdown_row(cells), flush=True)
+        records.append(
+            dict(
+                steps=steps,
+                live=live,
+                bs=bs,
+                mixed=mixed,
+                floor_us=floor,
+                bytes_moved=bytes_moved(lengths, steps),
+                stock_scratch_bytes=scratch_bytes(bs),
+                **row,
+            )
+        )
     if args.json:
         write_json(
             args.json,

@@ -63,6 +63,7 @@ from sglang_dsa_mtp.testing.bench_cli import (  # noqa: E402
     variant_name,
     write_json,
 )
+from sglang_dsa_mtp.testing.constants import WIDTH_1M  # noqa: E402
 from sglang_dsa_mtp.testing.timing import (  # noqa: E402
     copy_bandwidth_bytes_per_us,
     cuda_graph_time_us,
@@ -96,7 +97,7 @@ def build_parser():
     parser = benchmark_parser(__doc__)
     parser.add_argument("--rows", default="130,135,160,240", help="query rows per call")
     parser.add_argument("--live", default="1024,65536,1048576", help="live tokens per row")
-    parser.add_argument("--width", type=int, default=cases.WIDTH_1M, help="logits width (columns)")
+    parser.add_argument("--width", type=int, default=WIDTH_1M, help="logits width (columns)")
     parser.add_argument(
         "--sm-count", type=int, help="chunk rows (SGLang's Indexer.sm_count); default: the GPU's"
     )

@@ -61,6 +61,7 @@ from sglang_dsa_mtp.testing.bench_cli import (
     variant_name,
     write_json,
 )
+from sglang_dsa_mtp.testing.constants import WIDTH_1M
 from sglang_dsa_mtp.testing.metadata_cases import (
     kernel_for,
     make_case,
@@ -75,7 +76,7 @@ from sglang_dsa_mtp.testing.timing import (
     launch_floor_us,
 )
 
-WIDTH = 1_048_640  # cdiv(WIDTH, 128) = 8193 column blocks
+WIDTH = WIDTH_1M  # cdiv(WIDTH, 128) = 8193 column blocks
 PAGE = 64
 NEXT_N = 5
 OP_NAMES = {
@@ -85,17 +86,26 @@ OP_NAMES = {
     "draft_decode": "MTP draft decode",
 }
 ARMS = ("sglang", "sglang_kpool", "bounded")
+MIXED_SHORT = 1024  # the other requests' length in a mixed batch
 # The plot's curves: measurement key -> legend label.
 PLOTTED = {"sglang": "SGLang unbounded", "sglang_kpool": "SGLang KPool, kpool 1", "ours": "ours"}
 
 
 def bytes_moved(case) -> int:
-    """Fewest bytes the op must move: live req_to_token columns once per request, live page-table
-    columns written once per output row (both tables), plus the small length vectors."""
-    kv = int(case.seq_lens[0]) + (case.next_n if case.op == "verify" else 0)
-    cols = min(case.width, triton.cdiv(kv, 128) * 128)
-    rows = case.rows
-    return 4 * (case.bs * cols + rows * (cols + triton.cdiv(cols, PAGE)) + 6 * rows)
+    """Fewest bytes the op must move: each request's live req_to_token columns once, its live
+    page-table columns written once per output row (both tables), plus the small length vectors."""
+    add = case.next_n if case.op == "verify" else 0
+    rows_per_request = case.rows // case.bs
+    total = 0
+    for seq in case.seq_lens.tolist():
+        cols = min(case.width, triton.cdiv(seq + add, 128) * 128)
+        total += cols + rows_per_request * (cols + triton.cdiv(cols, PAGE))
+    return 4 * (total + 6 * case.rows)
+
+
+def batch_lengths(live: int, bs: int, mixed: bool) -> list[int]:
+    """Every request at ``live`` tokens, or (``mixed``) the first at ``live``, the rest at 1k."""
+    return [live] + [MIXED_SHORT if mixed else live] * (bs - 1)
 
 
 def time_arm(case, arm, out, args, overrides=None) -> float:
@@ -148,6 +158,12 @@ def build_parser():
         f"({WIDTH}) minus next_n; 1024,4096,16384,65536,262144,1048576 for the plot",
     )
     parser.add_argument("--bs", default="1,4,16", help="batch sizes, comma-separated")
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="also a mixed batch per (live, bs > 1): one request at the live length, the others "
+        f"at {MIXED_SHORT} tokens",
+    )
     parser.add_argument(
         "--arms", default=",".join(ARMS), help=f"arms to time, comma-separated, any of {ARMS}"
     )
@@ -222,8 +238,10 @@ def main(argv=None) -> int:
 
     if args.host:
         one = torch.zeros(1, device="cuda")
-        floor = host_times_us({"one torch launch": lambda: one.add_(1)})["one torch launch"]
-        print(f"# host floor: one PyTorch kernel launch (a one-element add_) costs {floor:.1f} us")
+        floor_host = host_times_us({"one torch launch": lambda: one.add_(1)})["one torch launch"]
+        print(
+            f"# host floor: one PyTorch kernel launch (a one-element add_) costs {floor_host:.1f} us"
+        )
 
     req_to_token = torch.randint(
         0, 1 << 30, (2 * max(batch_sizes), WIDTH), dtype=torch.int32, device="cuda"
@@ -234,43 +252,57 @@ def main(argv=None) -> int:
         columns = [a for a in arms if a != "bounded"]
         if "bounded" in arms:
             columns += [variant_name(v) for v in variants]
-    tail = ["ours - sglang"] if args.host else ["floor", "best ours / floor"]
+    if args.host:
+        tail = ["ours - sglang", "ours / one launch"]
+    else:
+        tail = ["floor", "best ours / floor", "ours fastest"]
     header = ["op", "live KV", "bs", *columns, *tail]
     print(markdown_header(header))
     records = []
-    for op in ops:
-        for live in lives:
-            for bs in batch_sizes:
-                case = make_case(
-                    "decode" if op == "draft_decode" else op,
-                    [live] * bs,
-                    width=WIDTH,
-                    device="cuda",
-                    next_n=NEXT_N,
-                    page_size=PAGE,
-                    req_to_token=req_to_token,
-                )
-                out = case.outputs()
-                row = {}
-                if args.host:  # every arm, arguments bound beforehand, timed in turn
-                    row = host_times_us(host_calls(op, case, out, args.steps))
-                for arm in [] if args.host else arms:
-                    if arm != "bounded":
-                        row[arm] = time_arm(case, arm, out, args)
-                        continue
-                    for variant in variants:
-                        row[variant_name(variant)] = time_arm(case, arm, out, args, variant)
-                floor = launch + bytes_moved(case) / bandwidth
-                ours = [v for k, v in row.items() if k.startswith("ours")]
-                cells = [OP_NAMES[op], f"{live // 1024}k", str(bs)]
-                cells += [f"{row[c]:.1f}" if c in row else "-" for c in columns]
-                if args.host:
-                    over = min(ours) - row["sglang"] if ours and "sglang" in row else None
-                    cells += [f"{over:+.1f}" if over is not None else "-"]
-                else:
-                    cells += [f"{floor:.1f}", f"{min(ours) / floor:.2f}" if ours else "-"]
-                print(markdown_row(cells), flush=True)
-                records.append(dict(op=op, live=live, bs=bs, floor_us=floor, **row))
+    points = [
+        (op, live, bs, mixed)
+        for op in ops
+        for live in lives
+        for bs in batch_sizes
+        for mixed in ((False, True) if args.mixed and bs > 1 else (False,))
+    ]
+    for op, live, bs, mixed in points:
+        case = make_case(
+            "decode" if op == "draft_decode" else op,
+            batch_lengths(live, bs, mixed),
+            width=WIDTH,
+            device="cuda",
+            next_n=NEXT_N,
+            page_size=PAGE,
+            req_to_token=req_to_token,
+        )
+        out = case.outputs()
+        row = {}
+        if args.host:  # every arm, arguments bound beforehand, timed in turn
+            row = host_times_us(host_calls(op, case, out, args.steps))
+        for arm in [] if args.host else arms:
+            if arm != "bounded":
+                row[arm] = time_arm(case, arm, out, args)
+                continue
+            for variant in variants:
+                row[variant_name(variant)] = time_arm(case, arm, out, args, variant)
+        floor = launch + bytes_moved(case) / bandwidth
+        ours = [v for k, v in row.items() if k.startswith("ours")]
+        label = _live_label(live) + (" mixed" if mixed else "")
+        cells = [OP_NAMES[op], label, str(bs)]
+        cells += [f"{row[c]:.1f}" if c in row else "-" for c in columns]
+        if args.host:
+            over = min(ours) - row["sglang"] if ours and "sglang" in row else None
+            cells += [f"{over:+.1f}" if over is not None else "-"]
+            cells += [f"{min(ours) / floor_host:.2f}" if ours else "-"]
+        else:
+            sglang = [row[a] for a in ("sglang", "sglang_kpool") if a in row]
+            fastest = (
+                "-" if not (ours and sglang) else ("yes" if min(ours) <= min(sglang) else "**NO**")
+            )
+            cells += [f"{floor:.1f}", f"{min(ours) / floor:.2f}" if ours else "-", fastest]
+        print(markdown_row(cells), flush=True)
+        records.append(dict(op=op, live=live, bs=bs, mixed=mixed, floor_us=floor, **row))
     record = measurements(
         gpu=props.name,
         launch_floor_us=launch,
@@ -316,7 +348,9 @@ def plot_sweep(record: dict):
     for row, op in enumerate(ops):
         for col, bs in enumerate(batch_sizes):
             ax = axes[row][col]
-            series = [p for p in points if p["op"] == op and p["bs"] == bs]
+            series = [
+                p for p in points if p["op"] == op and p["bs"] == bs and not p.get("mixed")
+            ]
             series.sort(key=lambda p: p["live"])
             lives = [p["live"] for p in series]
             for key, label in PLOTTED.items():

@@ -39,6 +39,7 @@ import torch
 
 from sglang_dsa_mtp.devices import select_device
 from sglang_dsa_mtp.testing.bench_cli import benchmark_parser
+from sglang_dsa_mtp.testing.constants import CONTEXT_1M
 
 LAUNCHES = {"4/1/5": 4, "5/1/6": 5}  # EAGLE steps/topk/draft tokens -> steps
 MAX_BS = 48  # SGLang's running-request cap in spec mode: the preallocated mask's max bs
@@ -63,7 +64,7 @@ def build_parser():
     parser.add_argument(
         "--context",
         type=int,
-        default=1 << 20,
+        default=CONTEXT_1M,
         help="--context-length, the FULL_MASK's max_context_len",
     )
     parser.add_argument("--live", type=int, default=1024, help="tokens of every request")

@@ -6,52 +6,47 @@ import torch
 from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
-from sglang_dsa_mtp.testing.metadata_cases import WIDTH_1M
+from sglang_dsa_mtp.testing.constants import WIDTH_1M
 
 
 @pytest.fixture(params=[128, common.TILE_N], ids=["tile128", f"tile{common.TILE_N}-default"])
 def tile_n(request, monkeypatch):
-    """Run each CPU case with one-block tiles and with the default tile (256 columns): at the CPU
-    width of 300, 3 and 2 tiles per full row, the last one partial."""
+    """Run each CPU case with one-block tiles and with the default tile (1024 columns): at the CPU
+    width of 300, 3 tiles and 1 per full row, the last one partial."""
     monkeypatch.setattr(common, "TILE_N", request.param)
     return request.param
 
 
-@pytest.fixture(params=["budget", "cap"], ids=["budget-7", "cap-2"])
-def two_programs_per_request(request, monkeypatch):
-    """The budget at which the 3 requests of ``STRIDING_LENGTHS`` get 2 programs each (fewer than
-    their live tiles): from the budget itself (7 // 3), or from the cap of programs per request
-    (``MAX_SPLITS_PER_REQUEST`` set to 2, under a budget that would allow 33333)."""
-    if request.param == "cap":
-        monkeypatch.setattr(common, "MAX_SPLITS_PER_REQUEST", 2)
-        return 100_000
-    return 7
+@pytest.fixture(params=[2, 3], ids=["budget-2", "budget-3"])
+def few_programs(request):
+    """A budget of fewer programs than the live tiles of ``STRIDING_LENGTHS`` (2 + 1 + 1 at the
+    default tile of 1024 columns, 9 + 5 + 2 at 128): programs take several tiles, across request
+    boundaries, and a request's tiles go to several programs."""
+    return request.param
 
 
 @pytest.fixture(
     params=[
-        (1, 300, None, None, 2),
-        (3, 1100, 7, None, 2),
-        (3, 1100, 100_000, 2, 2),
-        (2, 1100, 100_000, None, 5),
-        (8, 300, 1, None, 1),
+        (1, 300, None, 2),
+        (3, 1100, 7, 7),
+        (2, 1100, 100_000, 10),
+        (8, 300, 1, 1),
+        (3, 1100, 2, 2),
     ],
     ids=[
         "default-budget-2-tiles-of-300",
-        "budget-7-for-3-requests",
-        "cap-2-per-request",
-        "5-tiles-of-1100",
-        "budget-below-requests",
+        "budget-7",
+        "budget-above-the-10-tiles-of-2-rows-of-1100",
+        "one-program",
+        "fewer-programs-than-requests",
     ],
 )
 def grid_case(request, monkeypatch):
-    """(requests, width, budget, programs per request) of a launch at the default tile (256), the
-    cap of programs per request set where one is given. Tile counts are ceilings: 300 and 1100
-    columns are 2 and 5 tiles, not 1 and 4."""
-    requests, width, budget, cap, programs = request.param
-    if cap is not None:
-        monkeypatch.setattr(common, "MAX_SPLITS_PER_REQUEST", cap)
-    return requests, width, budget, programs
+    """(requests, width, budget, tile programs) of a launch at a tile of 256 columns: the budget,
+    or the batch's tiles at full width where fewer (tile counts are ceilings: 300 and 1100 columns
+    are 2 and 5 tiles)."""
+    monkeypatch.setattr(common, "TILE_N", 256)
+    return request.param
 
 
 class _GridRecorder:

@@ -32,13 +32,11 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
 )
+from sglang_dsa_mtp.testing.constants import POISON, SMALL_WIDTH, WIDTH_1M
 from sglang_dsa_mtp.testing.metadata_cases import (
-    POISON,
     SMALL_TOPK,
-    SMALL_WIDTH,
     STRIDING_LENGTHS,
     STRIDING_WIDTH,
-    WIDTH_1M,
     lengths_1m,
     lengths_for,
     make_case,
@@ -207,20 +205,20 @@ def test_page_size_1_ignores_real_page_table_like_the_decode_kernels():
 
 
 @pytest.mark.parametrize("num_dest", [1, 4])
-def test_each_destination_matches_when_programs_stride_over_more_live_tiles_than_programs(
-    num_dest, two_programs_per_request, tile_n, launch_grids
+def test_each_destination_matches_when_fewer_programs_share_the_live_tiles(
+    num_dest, few_programs, tile_n, launch_grids
 ):
-    """Each request has 2 programs and more live tiles than that (up to 9), with live ends that are
-    not a whole number of tiles: every destination gets every tile, the partial last one too."""
+    """Fewer programs than the batch's live tiles, live ends that are not a whole number of tiles:
+    every destination gets every tile, the partial last one too."""
     case = decode_case(
         STRIDING_LENGTHS,
         width=STRIDING_WIDTH,
         topk=SMALL_TOPK,
         generator=torch.Generator().manual_seed(tile_n + num_dest),
     )
-    budget = two_programs_per_request
+    budget = few_programs
     outs = run_draft_decode_multi(case, [case.outputs() for _ in range(num_dest)], budget=budget)
-    assert launch_grids == [(1 + 3 * 2,)]
+    assert launch_grids == [(1 + budget,)]
     assert_each_destination_matches_decode_kernels(case, outs, budget=budget)
 
 
@@ -234,7 +232,7 @@ def test_grid_depends_only_on_bs_width_and_budget_never_on_live_lengths(
     for lengths in ([0] * bs, [width] * bs, mixed):
         case = decode_case(lengths, width=width, topk=SMALL_TOPK)
         run_draft_decode_multi(case, [case.outputs() for _ in range(num_dest)], budget=budget)
-    assert launch_grids == [(1 + bs * programs,)] * 3
+    assert launch_grids == [(1 + programs,)] * 3
 
 
 def test_int32_request_slots_past_int32_req_to_token_offsets_match_the_decode_kernels():

@@ -10,16 +10,14 @@ import torch
 import triton
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import bounded_num_splits
+from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import bounded_num_programs
 from sglang_dsa_mtp.kernels.ops.host import default_budget
+from sglang_dsa_mtp.testing.constants import POISON, SMALL_WIDTH, WIDTH_1M
 from sglang_dsa_mtp.testing.metadata_cases import (
     OPS,
-    POISON,
     SMALL_TOPK,
-    SMALL_WIDTH,
     STRIDING_LENGTHS,
     STRIDING_WIDTH,
-    WIDTH_1M,
     compare,
     lengths_1m,
     lengths_for,
@@ -217,12 +215,12 @@ def test_bounded_matches_sglang_kpool_kernels_at_kpool_1(op, tile_n):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_bounded_programs_striding_over_more_live_tiles_than_programs_match_sglang(
-    op, two_programs_per_request, tile_n, launch_grids
+def test_fewer_programs_than_live_tiles_share_them_across_requests_as_sglang_writes_them(
+    op, few_programs, tile_n, launch_grids
 ):
-    """Each request has 2 programs and more live tiles than that (up to 9), with live ends that are
-    not a whole number of tiles: every tile, the partial last one too, is written as SGLang writes it.
-    """
+    """Fewer programs than the batch's live tiles, live ends that are not a whole number of tiles:
+    every tile, the partial last one too, whichever program takes it, is written as SGLang writes
+    it."""
     next_n = 2
     lengths = STRIDING_LENGTHS
     if op == "verify":  # verify's live length is seq_lens + next_n
@@ -236,8 +234,8 @@ def test_bounded_programs_striding_over_more_live_tiles_than_programs_match_sgla
         next_n=next_n,
         generator=torch.Generator().manual_seed(tile_n),
     )
-    assert_identical(case, budget=two_programs_per_request)
-    assert launch_grids == [(1 + 3 * 2,)]
+    assert_identical(case, budget=few_programs)
+    assert launch_grids == [(1 + few_programs,)]
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -249,29 +247,29 @@ def test_bounded_launch_grid_depends_only_on_requests_width_and_budget(op, grid_
     for lengths in ([0] * bs, [width] * bs, mixed):
         case = make_case(op, lengths, width=width, device=CPU, topk=SMALL_TOPK, next_n=2)
         case.run("bounded", case.outputs(), budget=budget)
-    assert launch_grids == [(1 + bs * programs,)] * 3
+    assert launch_grids == [(1 + programs,)] * 3
 
 
 @pytest.mark.parametrize(
     "requests,width,budget,expected",
     [
-        (1, 1_048_640, None, None),
-        (1, 1_048_640, 100_000, 256),
-        (16, 1_048_640, 1024, 64),
-        (3, 1_048_640, 1024, 256),
-        (40, 1_048_640, 8, 1),
-        (4, 128, 1024, 1),
-        (1, 300, 64, 2),
-        (2, 1100, 100_000, 5),
+        (1, WIDTH_1M, None, None),
+        (1, WIDTH_1M, 100_000, 1025),
+        (16, WIDTH_1M, 1056, 1056),
+        (48, WIDTH_1M, 8, 8),
+        (4, 128, 1024, 4),
+        (1, 300, 64, 1),
+        (2, 2100, 100_000, 6),
+        (5, 0, 64, 1),
     ],
 )
-def test_bounded_num_splits_is_the_budget_per_request_capped_by_256_and_the_width_in_tiles(
+def test_bounded_num_programs_is_the_budget_or_the_tiles_of_full_rows(
     requests, width, budget, expected
 ):
     if budget is None:
         budget = default_budget(CPU)
-        expected = min(budget, 256)
-    assert bounded_num_splits(requests, width, budget) == expected
+        expected = budget
+    assert bounded_num_programs(requests, width, budget) == expected
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -22,6 +22,7 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
 from sglang_dsa_mtp.testing import argmax_cases as cases
+from sglang_dsa_mtp.testing.constants import POISON
 from sglang_dsa_mtp.testing.reference import topk1_module
 from sglang_dsa_mtp.testing.timing import capture_graph
 
@@ -197,13 +198,13 @@ def test_strided_positions_and_draft_tokens():
     exchange = cases.sum_buffers(cases.rank_buffers(logits, 2, 128))
     storage = torch.arange(8, dtype=torch.int64) * 10
     positions = storage[::2]  # stride 2
-    tokens_storage = torch.full((5, 4), cases.POISON_TOKEN, dtype=torch.int64)
+    tokens_storage = torch.full((5, 4), POISON, dtype=torch.int64)
     draft_tokens = tokens_storage.t()  # [4, 5], strides (1, 4)
     _, topk_index = dap.draft_argmax_finalize(exchange, positions, draft_tokens, 2)
     expected = torch.argmax(logits.float(), dim=-1)
     assert torch.equal(topk_index.view(-1), expected)
     assert storage.tolist() == [1, 10, 21, 30, 41, 50, 61, 70]
-    want = torch.full((4, 5), cases.POISON_TOKEN, dtype=torch.int64)
+    want = torch.full((4, 5), POISON, dtype=torch.int64)
     want[:, 2] = expected
     assert torch.equal(draft_tokens, want)
 

@@ -13,6 +13,7 @@ real ``build_eagle_verify_input`` (``test/registered/integration/test_dsa_verify
 import pytest
 import torch
 
+from sglang_dsa_mtp.testing.constants import CONTEXT_1M
 from sglang_dsa_mtp.testing.verify_tree import (
     chain_draft,
     chain_verify,
@@ -23,7 +24,7 @@ from sglang_dsa_mtp.testing.verify_tree import (
 
 pytestmark = pytest.mark.gpu
 
-CONTEXT = 1 << 20
+CONTEXT = CONTEXT_1M
 MAX_BS = 48
 
 

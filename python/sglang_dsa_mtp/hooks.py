@@ -200,6 +200,18 @@ def attributes_of(switch: KillSwitch) -> tuple[PluginAttribute, ...]:
     return tuple(row for row in ATTRIBUTES if row.switch is switch)
 
 
+def why_off(switch: KillSwitch) -> str | None:
+    """Why ``switch``'s feature cannot engage in this process: the switch or the platform
+    (``switch.blocker()``), or a hook of the feature that SGLang did not apply; None when it can."""
+    blocker = switch.blocker()
+    if blocker is not None:
+        return blocker
+    unapplied = unapplied_hooks(switch)
+    if unapplied:
+        return f"SGLang did not apply the plugin's hooks on {', '.join(unapplied)}"
+    return None
+
+
 def unapplied_hooks(switch: KillSwitch) -> list[str]:
     """The targets of ``switch``'s hook rows that SGLang's ``HookRegistry`` has not patched (it
     logs and skips a target that fails to apply). The one place that reads its private

@@ -36,7 +36,7 @@ import torch
 from sglang.srt.layers.attention.dsa_backend import _to_2d_context_lens
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, build_inner_fb_view
 
-from sglang_dsa_mtp.hooks import unapplied_hooks
+from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.integration.state import DraftDecodeBs, MultiStepState, peek, state_of
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     MAX_DESTINATIONS,
@@ -85,12 +85,9 @@ def why_not_one_launch(multi, bs: int | None = None) -> str | None:
     """Why the captured ``bs`` must keep SGLang's precompute + copies, or None when one launch applies.
 
     With ``bs`` None, only the conditions known before any capture (no per-bs graph metadata)."""
-    blocker = BOUNDED_REPLAY_METADATA.blocker()
-    if blocker is not None:
-        return blocker
-    unapplied = unapplied_hooks(BOUNDED_REPLAY_METADATA)
-    if unapplied:
-        return f"SGLang did not apply the plugin's hooks on {', '.join(unapplied)}"
+    reason = why_off(BOUNDED_REPLAY_METADATA)
+    if reason is not None:
+        return reason
     if peek(multi, MultiStepState).seeded is None:
         return "the backend was built before the plugin's hooks applied (seed flag unknown)"
     backends = multi.attn_backends
@@ -122,19 +119,25 @@ def draft_decode_metadata(original, self, forward_batch, in_capture=False):
             write_draft_decode_metadata(self, forward_batch, plan)
             return None
         except Exception as exc:  # never take the server down: rewrite every buffer another way
-            plan.reason = f"the one launch raised {type(exc).__name__}: {exc}"
-            log_failure(
-                ("one-launch-failed", id(self), bs),
-                exc,
-                "sglang_dsa_mtp: MTP draft-decode metadata for bs %d %s from now on: the one "
-                "launch raised",
-                bs,
-                _other_path(state),
-            )
+            _give_up(self, state, plan, bs, exc, "the one launch")
     if state.steps_dropped:
         _replay_each_step(self, forward_batch, bs)
         return None
     return original(self, forward_batch, in_capture=False)
+
+
+def _give_up(multi, state: MultiStepState, plan: DraftDecodeBs, bs: int, exc, what: str) -> None:
+    """``bs`` takes the other path for good (:func:`_other_path`); one ERROR line says which.
+    ``what`` names the step that raised: "the one launch", "its warm-up"."""
+    plan.reason = f"{what} raised {type(exc).__name__}: {exc}"
+    log_failure(
+        ("one-launch-failed", id(multi), bs),
+        exc,
+        "sglang_dsa_mtp: MTP draft-decode metadata for bs %d %s from now on: %s raised",
+        bs,
+        _other_path(state),
+        what,
+    )
 
 
 def _other_path(state: MultiStepState) -> str:
@@ -225,15 +228,7 @@ def _warm_up_one_launch(multi, state, forward_batch, plan: DraftDecodeBs, bs: in
             **plan.launch,
         )
     except Exception as exc:
-        plan.reason = f"its warm-up raised {type(exc).__name__}: {exc}"
-        log_failure(
-            ("one-launch-warm-up-failed", id(multi), bs),
-            exc,
-            "sglang_dsa_mtp: MTP draft-decode metadata for bs %d %s: compiling the one launch "
-            "raised",
-            bs,
-            _other_path(state),
-        )
+        _give_up(multi, state, plan, bs, exc, "its warm-up")
 
 
 def one_launch_kwargs(multi, metas, bs: int) -> dict:

@@ -42,7 +42,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
 from sglang.srt.runtime_context import get_flags, get_parallel, get_spec
 
-from sglang_dsa_mtp.hooks import unapplied_hooks
+from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.integration.draft_argmax_exchange import (
     DEFAULT_MAX_ROWS,
     ExchangeDecision,
@@ -76,12 +76,9 @@ _PENDING_PICK: contextvars.ContextVar[Optional[_Pick]] = contextvars.ContextVar(
 
 def why_not_exchange(worker) -> Optional[str]:
     """Why this draft worker's greedy picks must keep reading gathered logits, or None."""
-    blocker = DRAFT_ARGMAX_EXCHANGE.blocker()
-    if blocker is not None:
-        return blocker
-    unapplied = unapplied_hooks(DRAFT_ARGMAX_EXCHANGE)
-    if unapplied:
-        return f"SGLang did not apply the plugin's hooks on {', '.join(unapplied)}"
+    reason = why_off(DRAFT_ARGMAX_EXCHANGE)
+    if reason is not None:
+        return reason
     if worker.topk != 1:
         return f"--speculative-eagle-topk is {worker.topk}: drafts need probabilities"
     if worker.hot_token_id is not None:

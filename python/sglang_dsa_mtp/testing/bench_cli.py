@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Optional
 
 # Module constants of dsa_metadata_bounded a sweep may override, plus the launch's ``budget``.
-TUNABLE = ("TILE_N", "NUM_WARPS", "NUM_STAGES", "STREAMING", "budget")
+TUNABLE = ("TILE_N", "NUM_WARPS", "NUM_STAGES", "budget")
 
 
 SPEC_EPILOG = (

@@ -181,7 +181,7 @@ def test_a_raising_one_launch_warm_up_sends_that_bs_to_another_path(
     assert "its warm-up raised RuntimeError: injected failure" in plans[4].reason
     [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert error == (
-        f"sglang_dsa_mtp: MTP draft-decode metadata for bs 4 {path}: compiling the one launch "
+        f"sglang_dsa_mtp: MTP draft-decode metadata for bs 4 {path} from now on: its warm-up "
         "raised: RuntimeError: injected failure"
     )
 

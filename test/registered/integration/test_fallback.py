@@ -21,8 +21,8 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
 from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
-from sglang_dsa_mtp.testing.dsa_backends import metadata_tensors, poison
 from sglang_dsa_mtp.testing.constants import POISON
+from sglang_dsa_mtp.testing.dsa_backends import metadata_tensors, poison
 
 MODES = {
     "decode": (ForwardMode.DECODE, "target"),

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-PROGRAMS_PER_SM = 4  # default budget on CUDA: this many programs per multiprocessor
+PROGRAMS_PER_SM = 4  # the replay-metadata kernels' default budget on CUDA, per multiprocessor
 CPU_DEFAULT_BUDGET = 64  # default budget for CPU tensors (Triton's interpreter)
 
 
@@ -26,11 +26,12 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def default_budget(device: torch.device) -> int:
-    """The program budget of a bounded launch on ``device`` when its caller gives none."""
+def default_budget(device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+    """The program budget of a bounded launch on ``device`` when its caller gives none:
+    ``programs_per_sm`` per multiprocessor on CUDA."""
     if device.type == "cuda":
         index = torch.cuda.current_device() if device.index is None else device.index
-        return PROGRAMS_PER_SM * multiprocessor_count(index)
+        return programs_per_sm * multiprocessor_count(index)
     return CPU_DEFAULT_BUDGET
 
 

@@ -130,6 +130,32 @@ def test_no_plan_without_a_compiled_kernel(inputs):
     assert len(kernel.jit_calls) == 2 and len(plans) == 0
 
 
+def test_a_triton_release_outside_the_known_launchers_takes_the_jit_path(inputs, monkeypatch):
+    """The launcher's arguments are Triton's private interface: another release never gets a plan."""
+    monkeypatch.setattr(launch, "DIRECT_LAUNCH", False)
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    for _ in range(2):
+        call(plans, out, *inputs)
+    assert len(kernel.jit_calls) == 2 and len(plans) == 0
+    assert kernel.compiled.launches == []
+
+
+@pytest.mark.parametrize(
+    "version, known",
+    [
+        ("3.4.0", True),
+        ("3.6.0", True),
+        ("3.8.0+git1234abcd", True),
+        ("3.3.1", False),
+        ("3.9.0", False),
+        ("4.0.0", False),
+    ],
+)
+def test_the_direct_launch_gate_reads_the_major_and_minor_release(version, known):
+    assert (launch._triton_release(version) in launch.DIRECT_LAUNCH_TRITON) is known
+
+
 def test_plans_past_the_cap_are_dropped_and_rebuilt(inputs, monkeypatch):
     monkeypatch.setattr(launch, "MAX_PLANS", 2)
     kernel = FakeKernel()

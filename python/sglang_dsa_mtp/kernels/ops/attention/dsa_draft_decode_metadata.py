@@ -96,7 +96,6 @@ def _draft_decode_metadata_kernel(
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    STREAMING: tl.constexpr,
 ):
     # Each buffer argument is a tuple: that buffer of every destination, in order.
     pid = tl.program_id(0)
@@ -147,7 +146,6 @@ def _draft_decode_metadata_kernel(
         BLOCK_N,
         TILE_N,
         NUM_STAGES,
-        STREAMING,
     )
 
 
@@ -249,7 +247,6 @@ def fused_dsa_draft_decode_metadata_multi(
             BLOCK_N=common.BLOCK_N,
             TILE_N=common.TILE_N,
             NUM_STAGES=common.NUM_STAGES,
-            STREAMING=common.STREAMING,
         ),
         input_len=bs,
         num_warps=common.NUM_WARPS,

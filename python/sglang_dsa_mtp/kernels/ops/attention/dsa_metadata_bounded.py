@@ -80,7 +80,6 @@ def _bounded_decode_metadata_kernel(
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    STREAMING: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid == 0:
@@ -130,7 +129,6 @@ def _bounded_decode_metadata_kernel(
         BLOCK_N,
         TILE_N,
         NUM_STAGES,
-        STREAMING,
     )
 
 
@@ -230,7 +228,6 @@ def fused_dsa_decode_metadata_bounded(
             BLOCK_N=common.BLOCK_N,
             TILE_N=common.TILE_N,
             NUM_STAGES=common.NUM_STAGES,
-            STREAMING=common.STREAMING,
         ),
         input_len=bs,
         num_warps=common.NUM_WARPS,
@@ -291,7 +288,6 @@ def _bounded_target_verify_metadata_kernel(
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    STREAMING: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid == 0:
@@ -353,7 +349,6 @@ def _bounded_target_verify_metadata_kernel(
         BLOCK_N,
         TILE_N,
         NUM_STAGES,
-        STREAMING,
     )
 
 
@@ -482,7 +477,6 @@ def fused_dsa_target_verify_metadata_bounded(
             BLOCK_N=common.BLOCK_N,
             TILE_N=common.TILE_N,
             NUM_STAGES=common.NUM_STAGES,
-            STREAMING=common.STREAMING,
         ),
         input_len=bs,
         num_warps=common.NUM_WARPS,
@@ -544,7 +538,6 @@ def _bounded_draft_extend_metadata_kernel(
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    STREAMING: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid == 0:
@@ -616,7 +609,6 @@ def _bounded_draft_extend_metadata_kernel(
         BLOCK_N,
         TILE_N,
         NUM_STAGES,
-        STREAMING,
     )
 
 
@@ -753,7 +745,6 @@ def fused_dsa_draft_extend_metadata_bounded(
             BLOCK_N=common.BLOCK_N,
             TILE_N=common.TILE_N,
             NUM_STAGES=common.NUM_STAGES,
-            STREAMING=common.STREAMING,
         ),
         input_len=bs,
         num_warps=common.NUM_WARPS,

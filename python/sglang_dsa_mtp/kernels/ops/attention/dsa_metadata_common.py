@@ -31,13 +31,12 @@ BLOCK_N = 128  # SGLang's column block: the write region is whole blocks of this
 TILE_N = 1024  # columns one program moves per loop iteration (a multiple of BLOCK_N)
 NUM_WARPS = 4
 NUM_STAGES = 3  # software-pipelined tile loads in each program's loop
-STREAMING = 0  # 1: req_to_token tiles are loaded evict-first and the tables stored streaming
 
 
 def tuning() -> tuple:
     """The module constants a launch depends on (benchmarks and tests override them): part of
     every launch plan's key."""
-    return BLOCK_N, TILE_N, NUM_STAGES, NUM_WARPS, STREAMING
+    return BLOCK_N, TILE_N, NUM_STAGES, NUM_WARPS
 
 
 def bounded_num_programs(requests: int, width: int, budget: int) -> int:
@@ -89,7 +88,6 @@ def copy_live_tiles(
     BLOCK_N: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    STREAMING: tl.constexpr,
 ):
     """Program ``program`` (of ``num_programs``)'s share of the batch's live tiles: global tiles
     ``program, program + num_programs, ...`` in request order, each into its request's rows of
@@ -133,45 +131,29 @@ def copy_live_tiles(
         offs_n = (tile - tile_start) * TILE_N + tl.arange(0, TILE_N)
         mask = offs_n < end
         src = req_to_token + req_idx * req_to_token_stride_0 + offs_n * req_to_token_stride_1
-        if STREAMING:
-            vals = tl.load(src, mask=mask, other=0, eviction_policy="evict_first").to(tl.int32)
-        else:
-            vals = tl.load(src, mask=mask, other=0).to(tl.int32)
+        vals = tl.load(src, mask=mask, other=0).to(tl.int32)
         # page_table_1 offsets / values, then real_page_table's (one entry per page start).
         offs = offs_n * page_table_stride_1
         real_offs = (offs_n // physical_page_size) * real_page_table_stride_1
         real_vals = vals // physical_page_size
         real_mask = mask & ((offs_n % physical_page_size) == 0)
-        if ROWS_PER_REQUEST == 0:
-            for r in range(num_rows):
-                _store_row(
-                    page_tables,
-                    real_page_tables,
-                    (first_row + r) * page_table_stride_0 + offs,
-                    (first_row + r) * real_page_table_stride_0 + real_offs,
-                    vals,
-                    real_vals,
-                    mask,
-                    real_mask,
-                    HAS_PAGE_TABLE_1,
-                    HAS_REAL_PAGE_TABLE,
-                    STREAMING,
-                )
-        else:
-            for r in tl.static_range(ROWS_PER_REQUEST):
-                _store_row(
-                    page_tables,
-                    real_page_tables,
-                    (first_row + r) * page_table_stride_0 + offs,
-                    (first_row + r) * real_page_table_stride_0 + real_offs,
-                    vals,
-                    real_vals,
-                    mask,
-                    real_mask,
-                    HAS_PAGE_TABLE_1,
-                    HAS_REAL_PAGE_TABLE,
-                    STREAMING,
-                )
+        # A constant number of rows where the op has one (decode, target verify).
+        for r in range(ROWS_PER_REQUEST if ROWS_PER_REQUEST > 0 else num_rows):
+            for d in tl.static_range(len(page_tables)):
+                if HAS_PAGE_TABLE_1:
+                    tl.store(
+                        page_tables[d] + (first_row + r) * page_table_stride_0 + offs,
+                        vals,
+                        mask=mask,
+                    )
+                if HAS_REAL_PAGE_TABLE:
+                    tl.store(
+                        real_page_tables[d]
+                        + (first_row + r) * real_page_table_stride_0
+                        + real_offs,
+                        real_vals,
+                        mask=real_mask,
+                    )
 
 
 @triton.jit
@@ -185,31 +167,6 @@ def _request_facts(req, offs_b, tiles_end, tiles, live_end, first_rows, row_coun
     first_row = tl.sum(tl.where(this, first_rows, 0), 0).to(tl.int64)
     num_rows = tl.sum(tl.where(this, row_counts, 0), 0)
     return tile_end, tile_start, end, first_row, num_rows
-
-
-@triton.jit
-def _store_row(
-    page_tables,
-    real_page_tables,
-    offs,
-    real_offs,
-    vals,
-    real_vals,
-    mask,
-    real_mask,
-    HAS_PAGE_TABLE_1: tl.constexpr,
-    HAS_REAL_PAGE_TABLE: tl.constexpr,
-    STREAMING: tl.constexpr,
-):
-    """One output row's share of a tile, into every destination of the tuples."""
-    for d in tl.static_range(len(page_tables)):
-        if HAS_PAGE_TABLE_1:
-            if STREAMING:
-                tl.store(page_tables[d] + offs, vals, mask=mask, cache_modifier=".cs")
-            else:
-                tl.store(page_tables[d] + offs, vals, mask=mask)
-        if HAS_REAL_PAGE_TABLE:
-            tl.store(real_page_tables[d] + real_offs, real_vals, mask=real_mask)
 
 
 @triton.jit

@@ -18,13 +18,11 @@ length (the ``context_lens`` the logits function received), read on the device a
 the top-k reads (``[0, length)``); the other columns of the output are left unwritten, as DeepGEMM
 leaves them in its own output with ``clean_logits=False``.
 
-The copy's grid is :func:`live_num_programs` programs, a function of (rows, max_len, budget), never of
-the lengths, so a CUDA graph captured once serves every replay. Every program reads the chunk's
-lengths and takes every ``programs``-th live tile of the chunk, whichever row it belongs to, so one
-long row is spread over every program. The kernel has one compiled variant per device (chunks of up
-to ``MAX_ROWS`` rows), which :func:`warm_up` builds; the wrapper accepts only arguments of that
-variant (fp32 logits, 16-byte aligned, row strides and width multiples of 16, int32 lengths), so the
-serving path never compiles.
+The copy's grid is ``chunk rows x splits`` with ``splits = max(1, min(budget // rows, MAX_SPLITS_PER_ROW,
+cdiv(max_len, TILE_N)))``: it depends on (rows, max_len, budget), never on the lengths, so a CUDA
+graph captured once serves every replay. The kernel has one compiled variant per device, which
+:func:`warm_up` builds; the wrapper accepts only arguments of that variant (fp32 logits, 16-byte
+aligned, row strides and width multiples of 16, int32 lengths), so the serving path never compiles.
 """
 
 from __future__ import annotations
@@ -40,21 +38,21 @@ from sglang_dsa_mtp.kernels.ops.host import cdiv, default_budget
 
 LIVE_BLOCK = 64  # live columns are whole KV blocks of this many tokens (DeepGEMM's BLOCK_KV)
 TILE_N = 1024  # columns one program moves per loop iteration
-MAX_ROWS = 256  # rows one copy takes: a chunk is SGLang's Indexer.sm_count rows (132 on an H200)
+MAX_SPLITS_PER_ROW = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
 ALIGN = 16  # elements: row strides and the width must be multiples (one compiled variant)
+PROGRAMS_PER_SM = 8  # the copy's default budget on CUDA, per multiprocessor
 
 _warm_devices: set[int] = set()
 
 
-def live_num_programs(rows: int, width: int, budget: int) -> int:
-    """Programs of one copy: the budget, or fewer where the rows cannot have that many tiles
-    (``rows * cdiv(width, TILE_N)``); at least one. Never depends on the live lengths."""
-    return max(1, min(budget, rows * cdiv(width, TILE_N)))
+def live_num_splits(rows: int, width: int, budget: int) -> int:
+    """Programs per row: depends only on (rows, width, budget), never on the live lengths."""
+    return max(1, min(budget // rows, MAX_SPLITS_PER_ROW, cdiv(width, TILE_N)))
 
 
-@triton.jit(do_not_specialize=["lengths", "lengths_stride", "rows", "row_start", "num_programs"])
+@triton.jit(do_not_specialize=["lengths", "lengths_stride", "row_start", "num_splits"])
 def _copy_live_logits_kernel(
     src,
     dst,
@@ -63,39 +61,25 @@ def _copy_live_logits_kernel(
     dst_stride,
     lengths_stride,
     width,
-    rows,
     row_start,
-    num_programs,
+    num_splits,
     LIVE_BLOCK: tl.constexpr,
-    MAX_ROWS: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
-    # Every program reads every row's length and takes every num_programs-th live tile of the
-    # chunk, whichever row it belongs to: one long row is spread over every program.
-    program = tl.program_id(0)
-    offs_r = tl.arange(0, MAX_ROWS)
-    mask_r = offs_r < rows
-    length = tl.load(lengths + (row_start + offs_r).to(tl.int64) * lengths_stride, mask=mask_r)
-    length = tl.where(mask_r, tl.minimum(tl.maximum(length, 0), width), 0)
+    pid = tl.program_id(0)
+    row = pid // num_splits
+    split = pid - row * num_splits
+    out_row = row_start + row
+    length = tl.load(lengths + out_row.to(tl.int64) * lengths_stride)
+    length = tl.minimum(tl.maximum(length, 0), width)
     # Whole live KV blocks, the last one masked by the width.
     live_end = tl.minimum(tl.cdiv(length, LIVE_BLOCK) * LIVE_BLOCK, width)
-    tiles = tl.cdiv(live_end, TILE_N)
-    tiles_end = tl.cumsum(tiles, 0)
-    row = tl.sum((tiles_end <= program).to(tl.int32), 0)
-    tile_end = tl.sum(tl.where(offs_r == row, tiles_end, 0), 0)
-    tile_start = tile_end - tl.sum(tl.where(offs_r == row, tiles, 0), 0)
-    end = tl.sum(tl.where(offs_r == row, live_end, 0), 0)
-    for tile in tl.range(program, tl.sum(tiles, 0), num_programs, num_stages=NUM_STAGES):
-        if tile >= tile_end:
-            row = tl.sum((tiles_end <= tile).to(tl.int32), 0)
-            tile_end = tl.sum(tl.where(offs_r == row, tiles_end, 0), 0)
-            tile_start = tile_end - tl.sum(tl.where(offs_r == row, tiles, 0), 0)
-            end = tl.sum(tl.where(offs_r == row, live_end, 0), 0)
-        offs = (tile - tile_start) * TILE_N + tl.arange(0, TILE_N)
-        mask = offs < end
-        src_row = src + row.to(tl.int64) * src_stride
-        dst_row = dst + (row_start + row).to(tl.int64) * dst_stride
+    src_row = src + row.to(tl.int64) * src_stride
+    dst_row = dst + out_row.to(tl.int64) * dst_stride
+    for tile in tl.range(split, tl.cdiv(live_end, TILE_N), num_splits, num_stages=NUM_STAGES):
+        offs = tile * TILE_N + tl.arange(0, TILE_N)
+        mask = offs < live_end
         tl.store(dst_row + offs, tl.load(src_row + offs, mask=mask), mask=mask)
 
 
@@ -113,16 +97,14 @@ def copy_live_logits(
     ``src``: ``[rows, width]`` fp32 logits (unit column stride; the row stride may exceed the width,
     as in DeepGEMM's padded output). ``dst``: ``[>= row_start + rows, width]`` fp32. ``lengths``: int32,
     ``[>= row_start + rows]`` or ``[>= row_start + rows, 1]``, read on the device (negative counts as
-    0, past the width as the width). ``src`` has at most ``MAX_ROWS`` rows. ``budget``: the most
-    programs one launch may use; None uses the default budget (``host.default_budget``).
+    0, past the width as the width). ``budget``: the most programs one launch may use (at least one
+    per row); None uses ``PROGRAMS_PER_SM`` per SM (64 on the CPU).
     """
     for name, tensor in (("src", src), ("dst", dst)):
         mismatch = _layout_mismatch(name, tensor)
         if mismatch is not None:
             raise mismatch
     rows, width = src.shape
-    if rows > MAX_ROWS:
-        raise ValueError(f"src has {rows} rows; one copy takes at most MAX_ROWS={MAX_ROWS}")
     if src.device != dst.device:
         raise ValueError(f"src and dst must be on one device, got {src.device}, {dst.device}")
     if dst.shape[1] != width:
@@ -135,9 +117,9 @@ def _launch_copy(src, dst, lengths, row_start, budget) -> None:
     rows, width = src.shape
     if rows == 0 or width == 0:
         return
-    budget = default_budget(src.device) if budget is None else budget
-    num_programs = live_num_programs(rows, width, budget)
-    _copy_live_logits_kernel[(num_programs,)](
+    budget = default_budget(src.device, PROGRAMS_PER_SM) if budget is None else budget
+    num_splits = live_num_splits(rows, width, budget)
+    _copy_live_logits_kernel[(rows * num_splits,)](
         src,
         dst,
         lengths,
@@ -145,11 +127,9 @@ def _launch_copy(src, dst, lengths, row_start, budget) -> None:
         _row_stride(dst),
         lengths.stride(0),
         width,
-        rows,
         row_start,
-        num_programs,
+        num_splits,
         LIVE_BLOCK=LIVE_BLOCK,
-        MAX_ROWS=MAX_ROWS,
         TILE_N=TILE_N,
         NUM_STAGES=NUM_STAGES,
         num_warps=NUM_WARPS,
@@ -190,10 +170,8 @@ def chunked_paged_mqa_logits_live(
         raise ValueError(
             f"q must be [rows, 1, heads, dim] (one token per row), got {tuple(q.shape)}"
         )
-    if not isinstance(chunk_rows, int) or not 1 <= chunk_rows <= MAX_ROWS:
-        raise ValueError(
-            f"chunk_rows must be an int in [1, MAX_ROWS={MAX_ROWS}], got {chunk_rows!r}"
-        )
+    if not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
     rows = q.shape[0]
     if out is None:
         out = torch.empty((rows, max_len), dtype=torch.float32, device=q.device)

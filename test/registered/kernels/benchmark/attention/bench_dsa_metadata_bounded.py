@@ -87,7 +87,7 @@ OP_NAMES = {
 }
 ARMS = ("sglang", "sglang_kpool", "bounded")
 MIXED_SHORT = 1024  # the other requests' length in a mixed batch
-# The plot's curves: measurement key -> legend label.
+# The plot's curves: measurement key -> legend label (and a curve per variant of ours).
 PLOTTED = {"sglang": "SGLang unbounded", "sglang_kpool": "SGLang KPool, kpool 1", "ours": "ours"}
 
 
@@ -348,12 +348,12 @@ def plot_sweep(record: dict):
     for row, op in enumerate(ops):
         for col, bs in enumerate(batch_sizes):
             ax = axes[row][col]
-            series = [
-                p for p in points if p["op"] == op and p["bs"] == bs and not p.get("mixed")
-            ]
+            series = [p for p in points if p["op"] == op and p["bs"] == bs and not p.get("mixed")]
             series.sort(key=lambda p: p["live"])
             lives = [p["live"] for p in series]
-            for key, label in PLOTTED.items():
+            ours = sorted({k for p in series for k in p if k.startswith("ours")})
+            curves = [(k, v) for k, v in PLOTTED.items() if k != "ours"] + [(k, k) for k in ours]
+            for key, label in curves:
                 if series and all(key in p for p in series):
                     ax.plot(lives, [p[key] for p in series], marker="o", label=label)
             floors = [p["floor_us"] for p in series]

@@ -301,8 +301,9 @@ def run(rank: int, world: int, args) -> None:
         if rank == 0:
             print_tables(args, world, report)
             if args.json:
+                settings = {**vars(args), "json": os.path.basename(args.json)}
                 with open(args.json, "w") as f:
-                    json.dump({"tp": world, "args": vars(args), **report}, f, indent=1)
+                    json.dump({"tp": world, "args": settings, **report}, f, indent=1)
     except Exception:
         traceback.print_exc()
         raise

@@ -15,11 +15,11 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 from sglang_dsa_mtp.testing import indexer_cases as cases
-from sglang_dsa_mtp.testing.constants import WIDTH_1M
 from sglang_dsa_mtp.testing.timing import capture_graph
 
 CPU = torch.device("cpu")
 POISON = float("nan")  # every output starts with it; a NaN never compares bit-equal by accident
+WIDTH_1M = cases.WIDTH_1M  # SGLang's default 1M-token context
 SMALL_WIDTH = 34 * cases.BLOCK_KV  # 2176: past 2049, the largest edge length
 CPU_SM_COUNT = 4
 CPU_HEADS = 8
@@ -109,32 +109,10 @@ def test_no_rows_writes_nothing():
 
 
 def test_the_grid_depends_only_on_rows_width_and_budget():
-    assert live.live_num_programs(132, WIDTH_1M, 1056) == 1056
-    assert live.live_num_programs(3, WIDTH_1M, 1056) == 1056
-    assert live.live_num_programs(132, 1024, 1056) == 132
-    assert live.live_num_programs(2, 2048, 1056) == 4
-    assert live.live_num_programs(0, WIDTH_1M, 64) == 1
-
-
-def test_one_long_row_among_short_ones_is_copied_by_every_program(live_tile_n):
-    """Fewer programs than the long row's tiles, short rows around it: every tile of every row,
-    whichever program takes it."""
-    gen = torch.Generator().manual_seed(5)
-    lengths = [64, 1, 2000, 0, 129]
-    src = padded_source(len(lengths), 2048, CPU, gen)
-    dst = poisoned(len(lengths), 2048, CPU)
-    lengths_t = torch.tensor(lengths, dtype=torch.int32)
-    expected = expected_copy(src, dst, lengths_t, 0)
-    live.copy_live_logits(src, dst, lengths_t, budget=3)
-    assert_bits_equal(dst, expected)
-
-
-def test_a_copy_takes_at_most_max_rows_rows():
-    rows = live.MAX_ROWS + 1
-    with pytest.raises(ValueError, match="src has 257 rows"):
-        live.copy_live_logits(
-            torch.zeros(rows, 64), torch.zeros(rows, 64), torch.zeros(rows, dtype=torch.int32)
-        )
+    assert live.live_num_splits(132, WIDTH_1M, 1056) == 8
+    assert live.live_num_splits(3, WIDTH_1M, 1056) == live.MAX_SPLITS_PER_ROW
+    assert live.live_num_splits(132, 1024, 1056) == 1
+    assert live.live_num_splits(500, WIDTH_1M, 64) == 1
 
 
 BAD_COPY_ARGS = [

@@ -74,20 +74,12 @@ def set_platform(monkeypatch):
 
 
 @pytest.fixture
-def hooked(fresh_switches, monkeypatch, set_platform):
-    """SGLang's ``load_plugins()`` has run our ``register()`` with the real tables and applied the
-    hooks, on a CUDA platform. Every patched SGLang attribute is restored afterwards, and the
-    attributes the plugin added to SGLang classes are removed."""
-    import sglang.srt.plugins
-    from sglang.srt.plugins.hook_registry import HookRegistry
+def sglang_targets_restored(monkeypatch):
+    """Every SGLang attribute the plugin's table hooks is restored after the test (with the module
+    copies SGLang rebinds), and the attributes the plugin added to SGLang classes are removed."""
+    from sglang_dsa_mtp import hooks
 
-    from sglang_dsa_mtp import hooks, plugin
-
-    monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
-    monkeypatch.setattr(HookRegistry, "_patched", set())
-    monkeypatch.setattr(sglang.srt.plugins, "_plugins_loaded", False)
-    monkeypatch.setattr(plugin, "_status", None)
-    for row in hooks.HOOKS:  # restore every hooked SGLang attribute after the test
+    for row in hooks.HOOKS:
         owner_path, _, attr = row.target.rpartition(".")
         owner = pkgutil.resolve_name(owner_path)
         # A method the class inherits is hooked on the class itself: undoing deletes it again.
@@ -104,10 +96,26 @@ def hooked(fresh_switches, monkeypatch, set_platform):
         owner = pkgutil.resolve_name(owner_path)
         if attr not in vars(owner):
             added.append((owner, attr))
-    monkeypatch.setenv("SGLANG_PLUGINS", plugin.ENTRY_POINT)
-    sglang.srt.plugins.load_plugins()
-    set_platform(cuda=True, hip=False)
-    yield monkeypatch
+    yield
     for owner, attr in added:
         if attr in vars(owner):
             delattr(owner, attr)
+
+
+@pytest.fixture
+def hooked(fresh_switches, monkeypatch, set_platform, sglang_targets_restored):
+    """SGLang's ``load_plugins()`` has run our ``register()`` with the real tables and applied the
+    hooks, on a CUDA platform; everything is restored afterwards (``sglang_targets_restored``)."""
+    import sglang.srt.plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_dsa_mtp import plugin
+
+    monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    monkeypatch.setattr(sglang.srt.plugins, "_plugins_loaded", False)
+    monkeypatch.setattr(plugin, "_status", None)
+    monkeypatch.setenv("SGLANG_PLUGINS", plugin.ENTRY_POINT)
+    sglang.srt.plugins.load_plugins()
+    set_platform(cuda=True, hip=False)
+    return monkeypatch

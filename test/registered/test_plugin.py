@@ -399,7 +399,9 @@ def test_the_shipped_table_has_one_hook_per_sglang_target():
     assert len(targets) == len(set(targets))
 
 
-def test_sglang_applies_the_shipped_table_without_a_multiple_hooks_warning(fresh_plugin, caplog):
+def test_sglang_applies_the_shipped_table_without_a_multiple_hooks_warning(
+    fresh_plugin, sglang_targets_restored, caplog
+):
     """SGLang's loader warns "Multiple AROUND hooks" when two hooks wrap one target."""
     fresh_plugin.setenv("SGLANG_PLUGINS", ENTRY_POINT)
     with caplog.at_level(logging.DEBUG):

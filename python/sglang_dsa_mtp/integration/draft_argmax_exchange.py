@@ -1,36 +1,15 @@
 """Hook site: a draft model's ``LogitsProcessor``, greedy drafts exchanging argmax partials.
 
-SGLang 0.5.23's ``LogitsProcessor._get_logits`` computes this rank's LM-head shard and all-gathers
-``rows x vocab`` logits across the TP group; a greedy (topk=1) EAGLE draft then only takes their
-argmax. A draft worker opts its processor in with ``enable_draft_argmax_exchange(lm_head)`` (added to
-the class by the plugin); from then on, for the calls that only feed that argmax, the AROUND hook on
-``_get_logits`` reduces the shard to argmax partials (``draft_argmax_partials``) and sums them over
-the TP group with SGLang's own all-reduce (``get_parallel().tp_group.all_reduce``), instead of the gather:
-
-- draft decode (``ForwardMode.DECODE``) and the graph draft extend (``DRAFT_EXTEND_V2`` with
-  ``draft_extend_select_index``, one row per request); nothing else: the prefill draft extend
-  (``EXTEND``, which needs probabilities), the eager draft extend (all rows, selected afterwards),
-  idle batches, logprob requests and the target model keep the gather.
-
-The opt-in engages where SGLang's own LM-head path is a plain bf16/fp32 matmul over the rank's
-contiguous vocab shard, which it decides with its ``should_apply_lm_head_quant_method``: a quantized
-checkpoint's NextN draft head (built with ModelOpt's ``ModelOptFp4LinearMethod``, say, then given the
-target's bf16 weight) engages; a head whose quant method SGLang applies keeps the gather. The per-step
-hooks have no fallback (one rank falling back alone would leave the others waiting in the
-all-reduce), so every check that can fail runs at the opt-in, where the ranks agree: the layout of
-the rank's shard (``partials_layout``), the logits dtypes SGLang's matmul can give, the all-reduce
-route, and a compile of every kernel variant the call sites launch
-(``draft_argmax_partials.warm_up``, so no request waits for Triton); the per-step launches check
-nothing.
-
-The AFTER hook on ``forward`` then sets ``LogitsProcessorOutput.next_token_argmax_partials`` (a
-class-level default of None, added by the plugin) to the all-reduced exchange buffer. The output's
-``next_token_logits`` holds no logits in that case: it is a zero-stride ``[rows, vocab_size]`` view
-of the exchange buffer, which carries the shape SGLang's draft worker reads
-(``draft_forward`` passes ``next_token_logits.shape[-1]`` to its bounds probe) and keeps the buffer
-reachable through row slices (:func:`exchange_of`, by the storage they share). Its values are not logits; SGLang's own
-``draft_topk1_postprocess`` refuses it (it requires unit column stride), and the plugin's consumers
-(``eagle_draft_argmax``) read the exchange instead.
+Where SGLang 0.5.23's ``LogitsProcessor._get_logits`` all-gathers ``rows x vocab`` logits only for a
+greedy (topk=1) EAGLE draft's argmax, an opted-in processor reduces its LM-head shard to argmax
+partials (``draft_argmax_partials``) summed by SGLang's own TP all-reduce: in draft decode and the
+graph draft extend only; every other call, and the target model, keep the gather. The opt-in,
+``enable_draft_argmax_exchange(lm_head)`` (added to the class), engages only where SGLang's LM-head
+path is a plain bf16/fp32 matmul over the rank's vocab shard, and runs every check, the ranks
+agreeing; the per-step hooks check nothing and have no fallback. Hooks: AROUND ``_get_logits``,
+AFTER ``forward`` (sets ``next_token_argmax_partials``; ``next_token_logits`` is then a zero-stride
+view of the exchange, not logits: see :func:`exchange_of`). Details: docs/switches.md, section
+"Greedy-draft argmax exchange".
 """
 
 from __future__ import annotations

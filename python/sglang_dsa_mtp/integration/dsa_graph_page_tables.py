@@ -1,44 +1,16 @@
 """Hook site: the CUDA-graph state of the DSA backends (target, draft extend, MTP draft steps).
 
-SGLang 0.5.23's ``DeepseekSparseAttnBackend.init_cuda_graph_state`` allocates, per backend, either a
-wide ``[max_rows, width]`` int32 ``page_table_1`` (width = ``req_to_token``'s, ~1M columns at the
-default context) from which every captured batch size derives a fresh compact ``real_page_table``
-(``[rows, cdiv(width, page)]``, kept for the life of the graph), or, when nothing reads the wide
-table (``dsa_drop_wide_page_table``), no wide table and one compact buffer sliced per batch size.
-SGLang drops it only outside speculative decoding. Here, behind ``SGLANG_DSA_LIVE_WIDTH``:
+Behind ``SGLANG_DSA_LIVE_WIDTH``, in speculative decoding; what SGLang's kernels read is unchanged:
 
-1. **No wide table where nothing reads it.** In spec mode SGLang's own drop decision runs with its
-   spec-decoding clause lifted (the backend is presented as non-speculative for the duration of
-   ``init_cuda_graph_state``; SGLang's condition sees spec decoding only through
-   ``speculative_num_draft_tokens``), so SGLang's own condition and allocation decide, for the
-   target and the draft-extend backend. Its condition keeps the table wherever a reader is engaged:
-   HIP, HiSparse, page size 1, KPool > 1 (the paged top-k mapping), unfused top-k (including PD
-   index-share seeds), a top-k backend other than sgl-kernel with top-k v2, or an index top-k
-   outside (0, 2048]. In spec mode one more reader exists, on the MTP draft step backends only:
-   SGLang's draft-decode precompute and its copies (``_precompute_replay_metadata``,
-   ``fused_metadata_copy_*``, ``_copy_base_replay_buffers``). So the step backends drop their
-   tables only when the plugin's one-launch draft-decode path owns their replay
-   (``SGLANG_DSA_BOUNDED_REPLAY_METADATA`` on, its hooks applied, its static conditions met); should
-   the one launch not apply to a batch size or fail, each step backend replays its own metadata
-   (SGLang's per-backend decode replay, which handles a dropped table), never the precompute.
-   Nothing else reads ``page_table_1`` on the default CUDA path: target verify and draft extend
-   replay through the fused metadata kernels (both SGLang's and the bounded ones take no table),
-   and their top-k goes to top-k v2 (``DSATopKBackend.topk_transform``'s decode-shaped PAGED
-   branch: rows of the logits, the lengths and ``real_page_table`` match in both modes).
-2. **One real_page_table buffer per backend** wherever the wide table stays (a reader is engaged):
-   one zeroed ``[max_rows, cdiv(width, page)]`` buffer, as SGLang's drop branch allocates, sliced per
-   captured batch size, instead of one tensor per batch size. The slice gets the values SGLang
-   computed at capture; replays write it as before (only live columns), so past the live columns
-   it holds what the last replay of any batch size left there, as in SGLang's drop branch, and as
-   the wide ``page_table_1`` itself (one buffer for every batch size) always did.
-3. **The DSA target's verify tree mask** (``dsa_verify_mask``), created in the same hook, after
-   SGLang's graph state.
+1. no wide ``page_table_1`` where nothing reads it: SGLang's own drop decision, its spec-decoding
+   clause lifted; MTP step backends only where the one-launch draft-decode path owns their replay;
+2. where the wide table stays, one ``real_page_table`` buffer per backend, sliced per captured bs;
+3. the DSA target's verify tree mask (``dsa_verify_mask``), after SGLang's graph state.
 
-Hooks: AROUND ``DeepseekSparseAttnBackend.init_cuda_graph_state`` (1, 2 and 3), BEFORE its
-``_init_kpool_metadata_capture`` (2: each captured batch size's table becomes a slice), AROUND
-``DeepseekSparseAttnMultiStepBackend.init_cuda_graph_state`` (1: tells each step backend whether the
-one launch owns its replay, then records whether any step dropped its table, for the draft-decode
-replay hook in ``dsa_mtp_draft_metadata``).
+Hooks: AROUND ``DeepseekSparseAttnBackend.init_cuda_graph_state`` (1, 2, 3) and BEFORE its
+``_init_kpool_metadata_capture`` (2); AROUND the ``init_cuda_graph_state`` of
+``DeepseekSparseAttnMultiStepBackend`` (1, the step backends). Details: docs/switches.md, section
+"Live width: the verify tree mask and the graph page tables".
 """
 
 from __future__ import annotations

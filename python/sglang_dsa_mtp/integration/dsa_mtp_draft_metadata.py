@@ -1,30 +1,16 @@
 """Hook site: the MTP draft-decode replay of ``DeepseekSparseAttnMultiStepBackend``.
 
-SGLang 0.5.23 replays each draft round by precomputing decode metadata into a full-width scratch table
-(``_precompute_replay_metadata``) and copying the whole width into every draft step backend's graph
-buffers. Two hooks, one per target:
+Instead of SGLang 0.5.23's precompute into a full-width scratch table and copies into every draft
+step backend, each captured bs replays, as decided at its capture:
 
-- AROUND ``__init__`` (bounded replay metadata) keeps the ``seed_dsa_topk_from_draft_extend`` flag,
-  which SGLang does not store.
-- AROUND ``init_forward_metadata_out_graph`` (both the bounded and the live-width switch) decides per
-  captured bs, at its capture, how its replays write the step backends' metadata, and caches what
-  that takes:
+1. **one launch** (bounded replay metadata on, step tables matching): every step's buffers from
+   ``req_to_token``, then the per-step work; unseeded steps' indexer plans refreshed once, copied;
+2. **each step backend's own replay**, where the live-width hooks dropped their wide tables;
+3. **SGLang's precompute + copies** otherwise.
 
-  1. **one launch** (bounded replay metadata on, the step backends' tables matching):
-     ``fused_dsa_draft_decode_metadata_multi`` writes every step backend's buffers straight from
-     ``req_to_token``, its variant compiled at capture; then each step backend gets the per-step
-     work that stays (``set_dsa_prefill_impl(None)``, ``forward_metadata``, FlashMLA tile metadata
-     computed once and copied, as stock), and, when the draft's top-k is not seeded from draft
-     extend, the DeepGEMM paged-MQA schedule, top-k v2 plan and 2-D context lengths: computed once
-     by SGLang's own refresh on step 0 and copied into the other steps (stock leaves steps 0-2
-     un-refreshed when it has 3 or more step backends); seeded steps never run the indexer, their
-     only reader.
-  2. **each step backend replays its own** (SGLang's decode replay per step backend), where the
-     live-width hooks dropped the step backends' wide tables and the one launch does not take the
-     bs, or failed on it: SGLang's precompute + copies read those tables.
-  3. **SGLang's precompute + copies** otherwise.
-
-A one-launch replay that raises sends its bs to 2 or 3 for good, logged once at ERROR.
+A one launch that raises sends its bs to 2 or 3 for good (one ERROR line). Hooks: AROUND
+``__init__`` (keeps ``seed_dsa_topk_from_draft_extend``), AROUND ``init_forward_metadata_out_graph``
+(both switches). Details: docs/switches.md, section "One-launch MTP draft-decode metadata".
 """
 
 from __future__ import annotations

@@ -1,33 +1,15 @@
 """Hook site: the EAGLE verify tree mask of the DSA target backend.
 
-SGLang 0.5.23's ``DeepseekSparseAttnBackend`` has no ``verify_mask`` (it inherits
-``AttentionBackend.verify_mask``, None), so ``build_eagle_verify_input`` builds the tree mask in the
-GPU default layout, FULL_MASK: every round it allocates and ``torch.full``s ``bs x max_context_len x
-draft_tokens`` bools (``seq_lens_sum`` is None: DSA sets ``needs_cpu_seq_lens = False``). DSA's
-attention never reads that mask (it attends through the indexer's top-k). Here the DSA target gets
-what SGLang's FlashMLA backend builds in ``init_cuda_graph_state``: a preallocated QLEN_ONLY mask
-marked not read (``maybe_create_verify_mask(..., is_read=False)``). The worker then writes the
-``bs x draft_tokens x draft_tokens`` tree into it, and with ``--speculative-eagle-topk 1`` takes its
-fused chain-tree kernel (``build_chain_tree``), which also prepares the verify ``out_cache_loc``.
-
-Readers of the mask's cells in 0.5.23, and what happens to each:
-
-- the DSA attention backend: none (no ``custom_mask`` anywhere in ``dsa_backend.py`` or ``dsa/``);
-- the watermark (``--enable-watermark``: ``eagle_sample`` hands the mask and its layout to
-  ``WatermarkState``): the mask stays stock;
-- two-batch overlap (``--enable-two-batch-overlap``: ``split_spec_info`` slices the mask with
-  FULL_MASK offsets): the mask stays stock;
-- tree drafts (``--speculative-eagle-topk`` above 1) keep the mask stock: only the chain draft's
-  verify inputs are checked equal under both layouts;
-- grammar (``GrammarTree`` reads the ``retrieve_*`` arrays, not the mask), verify and accept
-  (``verify_tree_greedy`` reads ``retrieve_*`` and the candidates), the single-node verify input of
-  ``eagle_worker_v2`` and the PP relay (both handle either layout): unaffected.
-
-The AFTER hook on ``__init__`` records whether the backend belongs to a draft runner (SGLang does
-not store it); the live-width hook on ``init_cuda_graph_state`` (``dsa_graph_page_tables``) calls
-:func:`create_verify_mask` after SGLang's graph state is built; the attribute row ``verify_mask`` (a
-property on ``DeepseekSparseAttnBackend`` shadowing ``AttentionBackend.verify_mask``) hands the mask
-out. It is None, as stock, wherever no mask was created.
+SGLang 0.5.23's ``DeepseekSparseAttnBackend`` has no ``verify_mask``, so every round
+``build_eagle_verify_input`` allocates and fills a FULL_MASK ``bs x max_context_len x draft_tokens``
+mask that DSA's attention never reads. Behind ``SGLANG_DSA_LIVE_WIDTH`` the target gets what
+SGLang's FlashMLA backend builds: a preallocated QLEN_ONLY mask marked not read, into which the
+worker writes the tree through its fused chain-tree kernel. Only with EAGLE topk 1, no watermark
+and no two-batch overlap; elsewhere ``verify_mask`` is None, as stock. Hooks: AFTER ``__init__``
+(records whether the backend is a draft runner's; SGLang does not store it) and the attribute row
+``verify_mask`` (a property shadowing ``AttentionBackend.verify_mask``); ``dsa_graph_page_tables``
+calls :func:`create_verify_mask`. Details, every reader of the mask: docs/switches.md, section "The
+verify tree mask".
 """
 
 from __future__ import annotations

@@ -1,33 +1,16 @@
 """Hook site: SGLang 0.5.23's EAGLE v2 draft worker, picking greedy draft tokens from argmax partials.
 
-Four hooks (the processor side is ``draft_argmax_exchange``):
+Tokens, ``topk_p`` and positions are SGLang's, bit for bit (the processor's side:
+``draft_argmax_exchange``; details: docs/switches.md, "Who opts in", "Where the token is picked"):
 
-- BEFORE ``EagleDraftWorker._capture_cuda_graphs`` (inside the draft's TP context, before any
-  capture): when the worker drafts greedily through the topk=1 paths with a draft model of
-  ``DRAFT_MODELS``, opt its ``LogitsProcessor`` in (``draft_argmax_exchange.opt_in``, what
-  ``enable_draft_argmax_exchange`` runs), compiling the exchange kernels for the captured batch
-  sizes, and log one INFO line with the decision and its facts. The target model never opts in; nor
-  do other draft models (a standalone draft, which subclasses this worker, may post-process its
-  logits in its forward).
-- AROUND ``draft_topk1_postprocess`` (the draft-decode pick, called inside the draft-decode graph):
-  on an exchange stand-in, the finalize with SGLang's ``sanitize`` rule (NaN counts as -1e30),
-  writing the same ``topk_p``, ``topk_index``, draft-token column and positions.
-- AROUND ``EAGLEDraftExtendCudaGraphRunner.execute``: the runner rebuilds the output from the graph's
-  logits and hidden states; the partials are put back (``next_token_argmax_partials``) and, when
-  ``_draft_extend_for_decode`` asked for it, the token is picked right after the replay with the
-  ``propagate`` rule (``torch.argmax``'s: the first NaN wins), the rule SGLang's CUDA draft extend
-  uses on the gathered logits. ``next_token_logits`` becomes a meta tensor of the same shape, so that
-  SGLang's ``torch.argmax`` on it, whose result is replaced, costs no GPU work.
+- BEFORE ``EagleDraftWorker._capture_cuda_graphs``: opts a greedy draft of ``DRAFT_MODELS`` in
+  (``draft_argmax_exchange.opt_in``, kernels compiled ahead), logging one INFO line;
+- AROUND ``draft_topk1_postprocess`` (draft decode, in its graph): on an exchange, the ``sanitize``
+  finalize;
+- AROUND ``EAGLEDraftExtendCudaGraphRunner.execute``: puts the partials back and, when asked, picks
+  the token right after the replay with the ``propagate`` rule (``torch.argmax``'s);
 - AROUND ``EagleDraftWorker._draft_extend_for_decode``: asks for that pick and stores it in the next
-  draft input (``topk_p``, ``topk_index``) in place of SGLang's, whenever the replay produced
-  partials. The eager draft extend (a batch the graph cannot run) gathers the logits as before and
-  keeps SGLang's pick.
-
-The pick after the draft-extend replay is one launch on the replay's exchange rows; SGLang's path
-launches an argmax over ``rows x vocab`` fp32 logits and a fill there. Picking inside the graph
-instead would leave the tokens in graph-owned memory that the next replay overwrites while the next
-draft input still holds them, so they would need a copy out (SGLang copies the hidden states out for
-that reason).
+  draft input. The eager draft extend keeps SGLang's gather and pick.
 """
 
 from __future__ import annotations

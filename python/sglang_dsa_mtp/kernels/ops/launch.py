@@ -1,35 +1,15 @@
 """Kernel launches that skip Triton's per-call dispatch once a call's plan is known.
 
-A ``kernel[grid](...)`` call goes through ``JITFunction.run``: bind and specialize every argument,
-build the cache key, look the compiled kernel up, then call its launcher. On an H200 with Triton 3.6
-that costs 13.3 us of host time with 4 arguments and 23.4 us with 24 (measured), and the
-replay-metadata wrappers run before every CUDA-graph replay. Yet at every replay of a captured batch
-size they launch the same kernel with the same arguments, but for the per-replay inputs (the
-request lengths and slots).
-
-:class:`LaunchPlans` keeps one plan per call key. The wrapper's key holds everything that decides
-Triton's choice of compiled kernel and the launch arguments but the inputs: its scalar arguments,
-its tunables, and the identity (``id``) of each buffer. A plan holds its buffers weakly and is
-dropped as soon as one of them is freed, so an ``id`` is never mistaken for a later object's. The
-per-replay inputs are the kernel's first parameters; the kernels do not specialize on their
-alignment (``do_not_specialize_on_alignment``), and a plan accepts new inputs only with the dtype
-and stride it was built with, 1-D, with at least ``input_len`` entries, on its device.
-
-The first call of a key goes through Triton's JIT, which compiles if needed and returns the compiled
-kernel; each later call with that key and acceptable inputs calls the compiled kernel's launcher
-directly, with the arguments ``JITFunction.run`` passes it (Triton 3.4 to 3.8:
-``run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata, enter_hook,
-exit_hook, *every_parameter_value)``), on the stream Triton would use, but for tensors given as
-their ``data_ptr()`` (the launcher takes an int as the device address, inside a tuple argument too;
-a plan holds no tensor, so its buffers can be freed). Anything else takes the JIT path again, so a
-launch through a plan is the launch the JIT would have made. That launcher call is Triton's private
-interface, read for the versions in :data:`DIRECT_LAUNCH_TRITON`: with any other Triton, and under
-Triton's interpreter (no compiled kernels), every call takes the JIT path. Buffers are identified by
-object: resizing or re-pointing a buffer in place (``resize_``, ``set_``, ``.data =``) under a live
-plan is not supported (SGLang's graph buffers are never changed so; a captured graph would break too).
-
-:func:`warm_up` compiles the variant a wrapper call will launch, on :func:`specialization_twin`
-copies of its buffers, ahead of the call.
+:class:`LaunchPlans` keeps one plan per call key (scalar arguments, tunables, the ``id`` of each
+buffer, held weakly: a plan dies with its buffers). The per-call inputs are the kernel's first
+parameters, not specialized on alignment; a plan takes them 1-D, with its dtype, stride and device
+and at least ``input_len`` entries. A key's first call goes through ``JITFunction.run``; later ones
+call the compiled kernel's launcher directly, tensors as ``data_ptr()``: ``run(grid_x, grid_y,
+grid_z, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook,
+*every_parameter_value)``, Triton's private interface, read for Triton 3.4 to 3.8
+(:data:`DIRECT_LAUNCH_TRITON`); other Tritons and the interpreter always take the JIT path. Buffers
+resized or re-pointed in place under a live plan are not supported. :func:`warm_up` compiles a
+call's variant on :func:`specialization_twin` buffers. Details: docs/switches.md, "Host time".
 """
 
 from __future__ import annotations

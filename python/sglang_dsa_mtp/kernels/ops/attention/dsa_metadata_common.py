@@ -1,22 +1,13 @@
 """What the bounded replay-metadata kernels share: the launch shape, the device code, the checks.
 
 Used by ``dsa_metadata_bounded`` (decode, target verify, draft extend) and
-``dsa_draft_decode_metadata`` (the MTP one launch). A launch has ``1 + programs`` programs,
-``programs`` from :func:`bounded_num_programs`: a function of (requests, width, budget) only, never
-of the live lengths, so one CUDA-graph capture serves every replay. Program 0 writes the length
-vectors. The others share the batch's live tiles of ``TILE_N`` columns (:func:`copy_live_tiles`):
-every program computes, from the live lengths, how many tiles each request has, and takes every
-``programs``-th tile of the whole batch, whichever requests they belong to. One long request among
-short ones is thus spread over every program, as much as a batch of long ones. Each tile of
-``req_to_token`` is read once and stored to every output row of its request (one in decode,
-``next_n`` in target verify, the request's rows in draft extend) and to every destination (a tuple
-of tables: one for the three SGLang-shaped kernels, one per draft step backend for the MTP one
-launch).
-
-Write region (SGLang's contract, reproduced exactly): per output row, page-table columns
-``c < min(width, 128 * cdiv(kv_len, 128))``, i.e. whole live 128-column blocks masked by the width;
-``real_page_table`` gets ``req_to_token // page_size`` at every page-start column of that region.
-Everything else, including rows past the live batch, keeps its old contents.
+``dsa_draft_decode_metadata`` (the MTP one launch). A launch has ``1 + programs`` programs, from
+:func:`bounded_num_programs` (requests, width, budget; never the live lengths, so one CUDA-graph
+capture serves every replay). Program 0 writes the length vectors; the others take every
+``programs``-th live ``TILE_N``-column tile of the whole batch (:func:`copy_live_tiles`), each read
+once and stored to every output row of its request and every destination table. The write region
+is SGLang's, exactly: columns ``c < min(width, 128 * cdiv(kv_len, 128))`` per row; everything else
+keeps its contents. Details: docs/switches.md, section "Bounded replay-metadata kernels".
 """
 
 from __future__ import annotations

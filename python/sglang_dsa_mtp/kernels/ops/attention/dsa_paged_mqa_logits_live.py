@@ -1,28 +1,14 @@
 """Chunked paged-MQA logits gathered into one output, live columns only.
 
-SGLang 0.5.23's DSA indexer (``Indexer._get_topk_paged``) computes the paged-MQA logits of more rows
-than the SM count in chunks of ``sm_count`` rows (its closure ``_chunked_fp8_paged_mqa_logits``) and
-joins them with ``torch.cat``: a full-width copy, ``rows x max_len`` fp32 read and written (1,048,640
-columns at the default 1M context), although DeepGEMM wrote only each row's live columns and the
-top-k that follows reads only ``[0, length)`` of each row.
-
-:func:`chunked_paged_mqa_logits_live` computes the same chunks with the same logits function and
-chunk schedules, and after each chunk :func:`copy_live_logits` copies only that chunk's live columns
-into one ``[rows, max_len]`` fp32 output (contiguous, like ``torch.cat``'s). The chunk is released
-before the next one is computed, so the memory held per call is the output plus one chunk, where the
-concat holds every chunk plus the output.
-
-Live columns of a row: ``[0, min(max_len, 64 * cdiv(length, 64)))``, ``length`` the row's context
-length (the ``context_lens`` the logits function received), read on the device at run time: whole
-64-token KV blocks, the granularity DeepGEMM's SM90 and SM100 kernels write. They cover every column
-the top-k reads (``[0, length)``); the other columns of the output are left unwritten, as DeepGEMM
-leaves them in its own output with ``clean_logits=False``.
-
-The copy's grid is ``chunk rows x splits`` with ``splits = max(1, min(budget // rows, MAX_SPLITS_PER_ROW,
-cdiv(max_len, TILE_N)))``: it depends on (rows, max_len, budget), never on the lengths, so a CUDA
-graph captured once serves every replay. The kernel has one compiled variant per device, which
-:func:`warm_up` builds; the wrapper accepts only arguments of that variant (fp32 logits, 16-byte
-aligned, row strides and width multiples of 16, int32 lengths), so the serving path never compiles.
+Where SGLang 0.5.23's DSA indexer (``Indexer._get_topk_paged``) joins the chunks of more rows than
+the SM count with a full-width ``torch.cat``, :func:`chunked_paged_mqa_logits_live` computes the
+same chunks (same logits function, same schedules) and :func:`copy_live_logits` copies only each
+chunk's live columns into one contiguous ``[rows, max_len]`` fp32 output. Live columns of a row:
+``[0, min(max_len, 64 * cdiv(length, 64)))``, ``length`` its context length, read on the device;
+they cover all the top-k reads, the rest is left unwritten. The copy's grid never depends on the
+lengths (one CUDA-graph capture serves every replay); its one variant per device is compiled by
+:func:`warm_up`, and the wrapper accepts only that variant's arguments. Details:
+docs/indexer-cliff.md, section "What the plugin changes".
 """
 
 from __future__ import annotations

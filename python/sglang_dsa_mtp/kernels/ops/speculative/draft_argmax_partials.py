@@ -1,56 +1,15 @@
 """Greedy (topk=1) draft token from vocab-parallel LM-head shards, through a sum all-reduce.
 
-SGLang 0.5.23 all-gathers ``rows x vocab`` logits across the TP group and then takes an argmax
-(``draft_topk1_postprocess`` in draft decode, ``torch.argmax`` in CUDA draft extend). Here each rank
-reduces its own shard to a few argmax candidates, the TP group sums the small candidate buffers (any
-sum all-reduce: NCCL, custom, one-shot, Lamport), and a one-warp-per-row finalize picks the token:
-
     exchange = draft_argmax_partials(logits_shard, tp_rank=r, tp_size=n, vocab_size=v)
     all_reduce(exchange)                       # SUM, in place, any implementation
     topk_p, topk_index = draft_argmax_finalize(exchange, positions, draft_tokens, column)
 
-The result is bit-identical to the gathered path: the shards concatenated over ranks, sliced to
-``[:, :vocab_size]``, converted to fp32 (exact from bf16), then ``draft_topk1_postprocess``
-(``nan_policy="sanitize"``) or ``torch.argmax`` (``nan_policy="propagate"``), ties and infinities
-included.
-
-Exchange buffer
----------------
-``float32 [rows, tp_size * splits_per_rank(shard_width) * 4]``, the same shape on every rank. Viewed as
-``[rows, tp_size, splits_per_rank, 4]``, rank ``r`` writes its candidates into ``[:, r]`` and exact
-``+0.0`` everywhere else, so the element-wise sum over ranks, in any order and any association, holds
-every rank's candidates bit for bit. Split ``s`` of rank ``r`` covers the shard's columns
-``[s * SPLIT_N, (s + 1) * SPLIT_N)``, i.e. global columns ``r * shard_width + s * SPLIT_N ...``; the
-columns at global index ``>= vocab_size`` (vocab padding) are never read. The buffer is 2-D because
-that is what SGLang's FlashInfer all-reduce accepts; its byte size is always a multiple of 16.
-
-One candidate is 4 lanes, each an integer in ``[0, 2**24]`` stored as fp32 (exact):
-
-* lanes 0, 1: ``key >> 16`` and ``key & 0xFFFF``, where ``key`` is the split's maximum as an
-  order-preserving unsigned 32-bit key of the fp32 bit pattern (sign-magnitude flipped to two's
-  order, ``-0.0`` merged into ``+0.0`` first, NaN replaced by fp32(-1e30) as SGLang's
-  ``draft_topk1_postprocess`` does). ``key == 0`` means "no valid column in this split" (all
-  padding): it is below every real key (``-inf`` has key ``0x007FFFFF``).
-* lane 2: the global column of the split's maximum (lowest such column on ties).
-* lane 3: ``1 +`` the global column of the split's first NaN, or 0 when the split has no NaN.
-
-No lane ever holds ``-0.0``, NaN, inf or a non-integer, so ``x + 0.0`` is exact for every lane and
-an all-reduce that uses ``-0.0`` as a "not yet written" sentinel (Lamport) is safe. The NaN lane lets one
-set of partials serve both finalize rules: ``sanitize`` reads lanes 0-2 only (max key, lowest column
-among the maxima); ``propagate`` takes the lowest lane-3 column when any split saw a NaN (torch.argmax:
-NaN is the maximum, first NaN wins) and otherwise the same as ``sanitize`` (no NaN anywhere: the keys
-are the plain values). All comparisons are on integers, so the result does not depend on float
-compare semantics (NaN-propagating max, flush-to-zero) of the GPU or of the interpreter.
-
-Both kernels are CUDA-graph capturable: no host synchronization, the grid depends only on
-``(rows, shard_width)``, and ``out=`` takes a persistent exchange buffer (it is overwritten whole
-on every call, so it may be the previous step's all-reduced buffer).
-
-Compiling ahead
----------------
-:func:`warm_up` launches, on scratch tensors, every variant a greedy draft's call sites launch for
-one deployment (its shard width, TP size, logits dtypes and draft steps), so that Triton compiles
-them all before the first request instead of on it.
+Bit-identical to the gathered fp32 logits' ``draft_topk1_postprocess`` (``nan_policy="sanitize"``)
+or ``torch.argmax`` (``nan_policy="propagate"``), ties, infinities and NaN included. The exchange
+buffer, ``float32 [rows, tp_size * splits_per_rank(shard_width) * 4]``, holds exact integers, so any
+sum all-reduce (NCCL, custom, one-shot, Lamport) keeps it bit for bit. Both kernels are CUDA-graph
+capturable; :func:`warm_up` compiles every variant the call sites launch. Details (layout, lanes,
+NaN rules): docs/switches.md, section "The exchange buffer".
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The help layout (:class:`HelpFormatter`, :func:`benchmark_parser`), the timing options every
 benchmark takes (:func:`add_timing_arguments`), the ``--tune NAME=v1,v2`` sweeps of our kernels'
-tunables, comma-separated integer lists, markdown table rows, and the JSON file of every
-measurement. The timing itself is in :mod:`sglang_dsa_mtp.testing.timing`.
+tunables, comma-separated integer lists, the (live length, batch size, mixed) sweep points,
+markdown table rows, and the JSON file of every measurement. The timing itself is in :mod:`sglang_dsa_mtp.testing.timing`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Optional
 
 # Module constants of dsa_metadata_bounded a sweep may override, plus the launch's ``budget``.
 TUNABLE = ("TILE_N", "NUM_WARPS", "NUM_STAGES", "budget")
+MIXED_SHORT = 1024  # the other requests' length in a mixed batch
 
 
 SPEC_EPILOG = (
@@ -81,6 +82,33 @@ def tunables(module: ModuleType, overrides: Optional[dict] = None) -> Iterator[O
     finally:
         for name, value in defaults.items():
             setattr(module, name, value)
+
+
+def add_mixed_argument(parser) -> None:
+    """``--mixed``: see :func:`sweep_points`."""
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="also a mixed batch per (live, bs > 1): one request at the live length, the others "
+        f"at {MIXED_SHORT} tokens",
+    )
+
+
+def sweep_points(firsts, lives, batch_sizes, mixed: bool) -> list[tuple]:
+    """``(first, live, bs, is_mixed)`` for every combination, in that order, with a mixed point after
+    each ``bs > 1`` one when ``mixed`` (``first``: the op or step count the benchmark sweeps)."""
+    return [
+        (first, live, bs, is_mixed)
+        for first in firsts
+        for live in lives
+        for bs in batch_sizes
+        for is_mixed in ((False, True) if mixed and bs > 1 else (False,))
+    ]
+
+
+def batch_lengths(live: int, bs: int, mixed: bool) -> list[int]:
+    """Every request at ``live`` tokens, or (``mixed``) the first at ``live``, the rest at 1k."""
+    return [live] + [MIXED_SHORT if mixed else live] * (bs - 1)
 
 
 def markdown_header(header: list[str]) -> str:

@@ -3,9 +3,12 @@
 import json
 
 from sglang_dsa_mtp.testing.bench_cli import (
+    MIXED_SHORT,
     SPEC_EPILOG,
+    batch_lengths,
     benchmark_parser,
     measurements,
+    sweep_points,
     write_json,
 )
 
@@ -53,3 +56,20 @@ def test_the_json_record_holds_the_floors_the_settings_and_every_point(tmp_path)
         "l2": "cold",
         "points": points,
     }
+
+
+def test_a_mixed_point_follows_every_point_of_more_than_one_request():
+    assert sweep_points(["decode"], [4096], [1, 4], mixed=True) == [
+        ("decode", 4096, 1, False),
+        ("decode", 4096, 4, False),
+        ("decode", 4096, 4, True),
+    ]
+    assert sweep_points([3, 4], [1024], [4], mixed=False) == [
+        (3, 1024, 4, False),
+        (4, 1024, 4, False),
+    ]
+
+
+def test_a_mixed_batch_has_one_request_at_the_live_length_and_the_others_short():
+    assert batch_lengths(65536, 3, mixed=False) == [65536] * 3
+    assert batch_lengths(65536, 3, mixed=True) == [65536, MIXED_SHORT, MIXED_SHORT]

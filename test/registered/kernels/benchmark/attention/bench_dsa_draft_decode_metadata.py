@@ -53,13 +53,16 @@ import triton
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.kernels.ops.host import default_budget
 from sglang_dsa_mtp.testing.bench_cli import (
+    add_mixed_argument,
     add_timing_arguments,
+    batch_lengths,
     benchmark_parser,
     markdown_header,
     markdown_row,
     measurements,
     parse_list,
     parse_tune,
+    sweep_points,
     tunables,
     variant_name,
     write_json,
@@ -80,7 +83,6 @@ WIDTH = WIDTH_1M  # cdiv(WIDTH, 128) = 8193 column blocks
 PAGE = 64
 TOPK = 2048
 EAGLE = {3: "3 (EAGLE 4/1/5)", 4: "4 (EAGLE 5/1/6)"}  # step backends: speculative_num_steps - 1
-MIXED_SHORT = 1024  # the other requests' length in a mixed batch
 ARMS = ("stock", "stock_foreach", "one_launch", "bounded")
 COLUMN = {"stock": "stock", "stock_foreach": "stock foreach", "bounded": "bounded decode"}
 
@@ -125,12 +127,7 @@ def build_parser():
         "--live", default="1024,65536", help="live KV lengths in tokens, comma-separated"
     )
     parser.add_argument("--bs", default="1,4,16", help="batch sizes, comma-separated")
-    parser.add_argument(
-        "--mixed",
-        action="store_true",
-        help="also a mixed batch per (live, bs > 1): one request at the live length, the others "
-        f"at {MIXED_SHORT} tokens",
-    )
+    add_mixed_argument(parser)
     parser.add_argument(
         "--arms", default=",".join(ARMS), help=f"arms to time, comma-separated, any of {ARMS}"
     )
@@ -182,15 +179,8 @@ def main(argv=None) -> int:
     header += ["stock scratch MiB", "one launch fastest"]
     print(markdown_header(header))
     records = []
-    points = [
-        (steps, live, bs, mixed)
-        for steps in steps_list
-        for live in lives
-        for bs in batch_sizes
-        for mixed in ((False, True) if args.mixed and bs > 1 else (False,))
-    ]
-    for steps, live, bs, mixed in points:
-        lengths = [live] + [MIXED_SHORT if mixed else live] * (bs - 1)
+    for steps, live, bs, mixed in sweep_points(steps_list, lives, batch_sizes, args.mixed):
+        lengths = batch_lengths(live, bs, mixed)
         case = make_case(
             "decode",
             lengths,

@@ -50,13 +50,16 @@ from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.kernels.ops.host import default_budget
 from sglang_dsa_mtp.testing.bench_cli import (
+    add_mixed_argument,
     add_timing_arguments,
+    batch_lengths,
     benchmark_parser,
     markdown_header,
     markdown_row,
     measurements,
     parse_list,
     parse_tune,
+    sweep_points,
     tunables,
     variant_name,
     write_json,
@@ -86,7 +89,6 @@ OP_NAMES = {
     "draft_decode": "MTP draft decode",
 }
 ARMS = ("sglang", "sglang_kpool", "bounded")
-MIXED_SHORT = 1024  # the other requests' length in a mixed batch
 # The plot's curves: measurement key -> legend label (and a curve per variant of ours).
 PLOTTED = {"sglang": "SGLang unbounded", "sglang_kpool": "SGLang KPool, kpool 1", "ours": "ours"}
 
@@ -101,11 +103,6 @@ def bytes_moved(case) -> int:
         cols = min(case.width, triton.cdiv(seq + add, 128) * 128)
         total += cols + rows_per_request * (cols + triton.cdiv(cols, PAGE))
     return 4 * (total + 6 * case.rows)
-
-
-def batch_lengths(live: int, bs: int, mixed: bool) -> list[int]:
-    """Every request at ``live`` tokens, or (``mixed``) the first at ``live``, the rest at 1k."""
-    return [live] + [MIXED_SHORT if mixed else live] * (bs - 1)
 
 
 def time_arm(case, arm, out, args, overrides=None) -> float:
@@ -158,12 +155,7 @@ def build_parser():
         f"({WIDTH}) minus next_n; 1024,4096,16384,65536,262144,1048576 for the plot",
     )
     parser.add_argument("--bs", default="1,4,16", help="batch sizes, comma-separated")
-    parser.add_argument(
-        "--mixed",
-        action="store_true",
-        help="also a mixed batch per (live, bs > 1): one request at the live length, the others "
-        f"at {MIXED_SHORT} tokens",
-    )
+    add_mixed_argument(parser)
     parser.add_argument(
         "--arms", default=",".join(ARMS), help=f"arms to time, comma-separated, any of {ARMS}"
     )
@@ -259,14 +251,7 @@ def main(argv=None) -> int:
     header = ["op", "live KV", "bs", *columns, *tail]
     print(markdown_header(header))
     records = []
-    points = [
-        (op, live, bs, mixed)
-        for op in ops
-        for live in lives
-        for bs in batch_sizes
-        for mixed in ((False, True) if args.mixed and bs > 1 else (False,))
-    ]
-    for op, live, bs, mixed in points:
+    for op, live, bs, mixed in sweep_points(ops, lives, batch_sizes, args.mixed):
         case = make_case(
             "decode" if op == "draft_decode" else op,
             batch_lengths(live, bs, mixed),

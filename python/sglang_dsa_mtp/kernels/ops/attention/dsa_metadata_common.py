@@ -111,7 +111,9 @@ def copy_live_tiles(
     tile_end, tile_start, end, first_row, num_rows = _request_facts(
         req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts
     )
-    req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride).to(tl.int64)
+    # A program with no tile (all of the batch's tiles are before it) has req == BLOCK_BS.
+    req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride, mask=req < bs, other=0)
+    req_idx = req_idx.to(tl.int64)
     for tile in tl.range(program, tl.sum(tiles, 0), num_programs, num_stages=NUM_STAGES):
         if tile >= tile_end:
             req = tl.sum((tiles_end <= tile).to(tl.int32), 0)
@@ -128,14 +130,20 @@ def copy_live_tiles(
         real_offs = (offs_n // physical_page_size) * real_page_table_stride_1
         real_vals = vals // physical_page_size
         real_mask = mask & ((offs_n % physical_page_size) == 0)
-        # A constant number of rows where the op has one (decode, target verify).
-        for r in range(ROWS_PER_REQUEST if ROWS_PER_REQUEST > 0 else num_rows):
+        # The request's rows: ROWS_PER_REQUEST of them (decode, target verify), or its num_rows
+        # draft-extend rows, out of a constant BLOCK_ROWS, the rest masked off. Not
+        # `range(num_rows)`: Triton 3.6's TritonGPURemoveLayoutConversions prunes a loop-carried
+        # value whose only use is the bound of a nested loop and puts its value from before the
+        # loop in its place (upstream triton-lang/triton pull request 9036), so every tile
+        # wrote the row count of the program's first request, not of the tile's.
+        for r in range(ROWS_PER_REQUEST if ROWS_PER_REQUEST > 0 else BLOCK_ROWS):
+            row_live = (ROWS_PER_REQUEST > 0) | (r < num_rows)
             for d in tl.static_range(len(page_tables)):
                 if HAS_PAGE_TABLE_1:
                     tl.store(
                         page_tables[d] + (first_row + r) * page_table_stride_0 + offs,
                         vals,
-                        mask=mask,
+                        mask=mask & row_live,
                     )
                 if HAS_REAL_PAGE_TABLE:
                     tl.store(
@@ -143,7 +151,7 @@ def copy_live_tiles(
                         + (first_row + r) * real_page_table_stride_0
                         + real_offs,
                         real_vals,
-                        mask=real_mask,
+                        mask=real_mask & row_live,
                     )
 
 

@@ -15,7 +15,7 @@ call's variant on :func:`specialization_twin` buffers. Details: docs/switches.md
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -84,12 +84,19 @@ class _Plan:
 
 class LaunchPlans:
     """Cached launches of one ``@triton.jit`` kernel whose first ``num_inputs`` parameters are the
-    per-call inputs (1-D integer tensors) and whose other arguments are fixed per call key."""
+    per-call inputs (1-D integer tensors) and whose other arguments are fixed per call key.
 
-    def __init__(self, kernel, num_inputs: int, *, driver=None):
+    ``tunables`` returns the module constants a launch also depends on (tile sizes, stages,
+    warps), read at every call: part of every key."""
+
+    def __init__(
+        self, kernel, num_inputs: int, *, tunables: Callable[[], tuple] = tuple, driver=None
+    ):
         self.kernel = kernel
         self.num_inputs = num_inputs
+        self.tunables = tunables
         self.driver = driver  # None: Triton's active driver, looked up when a plan is made
+        self._input_names = frozenset(kernel.arg_names[:num_inputs])
         self._plans: dict[tuple, _Plan] = {}
 
     def __len__(self) -> int:
@@ -98,10 +105,25 @@ class LaunchPlans:
     def clear(self) -> None:
         self._plans.clear()
 
+    def key(self, arguments: Mapping[str, Any]) -> tuple:
+        """The plan key of one wrapper call, from the wrapper's ``arguments`` by name (its
+        ``locals()`` on entry): every argument but the per-call inputs (named as the kernel's
+        first ``num_inputs`` parameters), a tensor by its identity, a list or tuple item by item,
+        anything else by value; then the tunables. The one place a key is made, so that no
+        argument a launch depends on can be left out of it."""
+        inputs = self._input_names
+        return (
+            *(_key_part(value) for name, value in arguments.items() if name not in inputs),
+            self.tunables(),
+        )
+
     def launch_cached(self, key: tuple, inputs: Sequence[torch.Tensor]) -> bool:
         """Launch through ``key``'s plan when there is one that accepts ``inputs``; else False
         (the caller checks its arguments and calls :meth:`launch`)."""
-        plan = self._plans.get(key)
+        try:
+            plan = self._plans.get(key)
+        except TypeError:  # an unhashable argument: the caller's checks name it
+            return False
         if plan is None:
             return False
         try:
@@ -162,6 +184,14 @@ class LaunchPlans:
 
         plan.refs = tuple(weakref.ref(b, drop) for b in buffers)
         plans[key] = plan
+
+
+def _key_part(value):
+    if isinstance(value, torch.Tensor):
+        return id(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_key_part(item) for item in value)
+    return value
 
 
 def _addresses(arg):

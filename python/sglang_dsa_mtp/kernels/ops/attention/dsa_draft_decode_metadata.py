@@ -4,9 +4,9 @@ SGLang 0.5.23's ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_g
 ``fused_dsa_decode_metadata`` into a freshly allocated full-width scratch table (bs x context width,
 plus the compact ``real_page_table``), then copies every scratch buffer, full width, into each draft
 step backend's CUDA-graph buffers. :func:`fused_dsa_draft_decode_metadata_multi` replaces both: one
-launch of ``1 + bounded_num_programs(bs, width, budget)`` programs (the grid of
-``fused_dsa_decode_metadata_bounded``, never dependent on the live lengths) reads each live
-``req_to_token`` tile once and stores it into every destination.
+launch of the bounded decode kernel (``dsa_metadata_bounded.bounded_decode_metadata_kernel``, with
+every destination's buffers as its tuples of outputs; its grid never depends on the live lengths)
+reads each live ``req_to_token`` tile once and stores it into every destination.
 
 Each destination receives exactly what ``fused_dsa_decode_metadata_bounded`` (and so SGLang's
 ``fused_dsa_decode_metadata``) writes into it: ``cache_seqlens[:bs]``, ``cu_seqlens_k[:bs + 1]``,
@@ -22,17 +22,14 @@ from collections.abc import Sequence
 from typing import NamedTuple, Optional
 
 import torch
-import triton
-import triton.language as tl
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
+from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import bounded_decode_metadata_kernel
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
     block_requests,
     bounded_num_programs,
     check_common,
-    copy_live_tiles,
     page_tables,
-    store_decode_seqlens,
     tuning,
 )
 from sglang_dsa_mtp.kernels.ops.host import default_budget
@@ -57,98 +54,6 @@ class DecodeMetadataDestination(NamedTuple):
     real_page_table: Optional[torch.Tensor]
 
 
-@triton.jit(
-    do_not_specialize=[
-        "bs",
-        "width",
-        "num_programs",
-        "page_table_stride_0",
-        "real_page_table_stride_0",
-    ],
-    do_not_specialize_on_alignment=["seq_lens", "req_pool_indices"],
-)
-def _draft_decode_metadata_kernel(
-    seq_lens,
-    req_pool_indices,
-    req_to_token,
-    cache_seqlens,
-    cu_seqlens_k,
-    page_table_1,
-    dsa_cache_seqlens,
-    dsa_cu_seqlens_k,
-    real_page_table,
-    seq_lens_stride,
-    req_pool_indices_stride,
-    req_to_token_stride_0,
-    req_to_token_stride_1,
-    page_table_stride_0,
-    page_table_stride_1,
-    real_page_table_stride_0,
-    real_page_table_stride_1,
-    bs,
-    width,
-    num_programs,
-    dsa_index_topk,
-    physical_page_size: tl.constexpr,
-    HAS_PAGE_TABLE_1: tl.constexpr,
-    HAS_REAL_PAGE_TABLE: tl.constexpr,
-    BLOCK_BS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    TILE_N: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
-    # Each buffer argument is a tuple: that buffer of every destination, in order.
-    pid = tl.program_id(0)
-    if pid == 0:
-        offs_b = tl.arange(0, BLOCK_BS)
-        mask_b = offs_b < bs
-        seq = tl.load(seq_lens + offs_b * seq_lens_stride, mask=mask_b, other=0).to(tl.int32)
-        store_decode_seqlens(
-            seq,
-            mask_b,
-            cache_seqlens,
-            cu_seqlens_k,
-            dsa_cache_seqlens,
-            dsa_cu_seqlens_k,
-            dsa_index_topk,
-        )
-        return
-
-    copy_live_tiles(
-        req_to_token,
-        page_table_1,
-        real_page_table,
-        seq_lens,
-        req_pool_indices,
-        seq_lens,
-        pid - 1,
-        num_programs,
-        bs,
-        width,
-        0,
-        seq_lens_stride,
-        req_pool_indices_stride,
-        0,
-        req_to_token_stride_0,
-        req_to_token_stride_1,
-        page_table_stride_0,
-        page_table_stride_1,
-        real_page_table_stride_0,
-        real_page_table_stride_1,
-        0,
-        1,
-        False,
-        1,
-        physical_page_size,
-        HAS_PAGE_TABLE_1,
-        HAS_REAL_PAGE_TABLE,
-        BLOCK_BS,
-        BLOCK_N,
-        TILE_N,
-        NUM_STAGES,
-    )
-
-
 def fused_dsa_draft_decode_metadata_multi(
     seq_lens: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -166,19 +71,11 @@ def fused_dsa_draft_decode_metadata_multi(
     SGLang's ``fused_dsa_decode_metadata``) with the same arguments would leave it. The destinations
     must match each other: the same shapes, strides and dtypes, the same presence of
     ``page_table_1`` (and of ``real_page_table`` when ``physical_page_size > 1``), on the device of
-    ``req_to_token``. ``budget``: the most page-table programs the launch may use (at least one per
-    request); None uses :func:`~sglang_dsa_mtp.kernels.ops.host.default_budget`.
+    ``req_to_token``. ``budget``: the most page-table programs the launch may use (at least 1, as in
+    :func:`~sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded.fused_dsa_decode_metadata_bounded`);
+    None uses :func:`~sglang_dsa_mtp.kernels.ops.host.default_budget`.
     """
-    key = (
-        bs,
-        max_len,
-        dsa_index_topk,
-        physical_page_size,
-        budget,
-        tuning(),
-        id(req_to_token),
-        *_buffer_ids(destinations),
-    )
+    key = _PLANS.key(locals())
     if _PLANS.launch_cached(key, (seq_lens, req_pool_indices)):
         return
     destinations = _check_destinations(
@@ -253,17 +150,9 @@ def fused_dsa_draft_decode_metadata_multi(
     )
 
 
-_PLANS = LaunchPlans(_draft_decode_metadata_kernel, num_inputs=2)
+_PLANS = LaunchPlans(bounded_decode_metadata_kernel, num_inputs=2, tunables=tuning)
 # The length vectors of a destination, in the kernel's parameter order.
 _LENGTHS = ("cache_seqlens", "cu_seqlens_k", "dsa_cache_seqlens", "dsa_cu_seqlens_k")
-
-
-def _buffer_ids(destinations) -> tuple:
-    """The identity of every buffer of ``destinations`` (any object: the checks come later)."""
-    try:
-        return (len(destinations), *(id(t) for dest in destinations for t in dest))
-    except TypeError:
-        return (id(destinations),)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,11 +5,14 @@ Drop-in variants of ``fused_dsa_decode_metadata``, ``fused_dsa_target_verify_met
 the same keyword arguments and outputs, bit for bit, plus ``budget``.
 
 SGLang's kernels launch one program per (row, 128-column block) of the context-wide page table, so a
-1M-token table costs ``1 + rows * 8193`` programs per replay whatever the live KV length. Here the
-launch is ``1 + requests * splits`` programs, each request's programs striding over its live tiles
-and writing all of its page-table rows (all ``next_n`` verify rows, all draft-extend rows of the
-request) from one read of ``req_to_token``: the launch shape, the device code and the write region
-are ``dsa_metadata_common``'s.
+1M-token table costs ``1 + rows * 8193`` programs per replay whatever the live KV length. Here a
+launch is ``1 + bounded_num_programs(requests, width, budget)`` programs (a function of the shapes
+and the budget, never of the live lengths): program 0 writes the length vectors, the others share
+the batch's live tiles, each tile read once from ``req_to_token`` and written into every page-table
+row of its request (all ``next_n`` verify rows, all draft-extend rows of the request). The launch
+shape, the device code and the write region are ``dsa_metadata_common``'s. The decode kernel takes
+tuples of destination buffers: one for the decode replay, one per MTP draft step backend for
+``dsa_draft_decode_metadata``'s one launch.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans
     ],
     do_not_specialize_on_alignment=["seq_lens", "req_pool_indices"],
 )
-def _bounded_decode_metadata_kernel(
+def bounded_decode_metadata_kernel(
     seq_lens,
     req_pool_indices,
     req_to_token,
@@ -81,6 +84,8 @@ def _bounded_decode_metadata_kernel(
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
+    # Each output buffer argument is a tuple: that buffer of every destination (one for the
+    # decode replay, one per MTP draft step backend for the one launch), with shared strides.
     pid = tl.program_id(0)
     if pid == 0:
         offs_b = tl.arange(0, BLOCK_BS)
@@ -89,46 +94,46 @@ def _bounded_decode_metadata_kernel(
         store_decode_seqlens(
             seq,
             mask_b,
-            (cache_seqlens,),
-            (cu_seqlens_k,),
-            (dsa_cache_seqlens,),
-            (dsa_cu_seqlens_k,),
+            cache_seqlens,
+            cu_seqlens_k,
+            dsa_cache_seqlens,
+            dsa_cu_seqlens_k,
             dsa_index_topk,
         )
         return
 
     copy_live_tiles(
-        req_to_token,
-        (page_table_1,),
-        (real_page_table,),
-        seq_lens,
-        req_pool_indices,
-        seq_lens,
-        pid - 1,
-        num_programs,
-        bs,
-        width,
-        0,
-        seq_lens_stride,
-        req_pool_indices_stride,
-        0,
-        req_to_token_stride_0,
-        req_to_token_stride_1,
-        page_table_stride_0,
-        page_table_stride_1,
-        real_page_table_stride_0,
-        real_page_table_stride_1,
-        0,
-        1,
-        False,
-        1,
-        physical_page_size,
-        HAS_PAGE_TABLE_1,
-        HAS_REAL_PAGE_TABLE,
-        BLOCK_BS,
-        BLOCK_N,
-        TILE_N,
-        NUM_STAGES,
+        req_to_token=req_to_token,
+        page_tables=page_table_1,
+        real_page_tables=real_page_table,
+        seq_lens=seq_lens,
+        req_pool_indices=req_pool_indices,
+        extend_seq_lens=seq_lens,  # not read: one row per request
+        program=pid - 1,
+        num_programs=num_programs,
+        bs=bs,
+        width=width,
+        total_len=0,  # not read: one row per request
+        seq_lens_stride=seq_lens_stride,
+        req_pool_indices_stride=req_pool_indices_stride,
+        extend_seq_lens_stride=0,
+        req_to_token_stride_0=req_to_token_stride_0,
+        req_to_token_stride_1=req_to_token_stride_1,
+        page_table_stride_0=page_table_stride_0,
+        page_table_stride_1=page_table_stride_1,
+        real_page_table_stride_0=real_page_table_stride_0,
+        real_page_table_stride_1=real_page_table_stride_1,
+        KV_ADD=0,
+        ROWS_PER_REQUEST=1,
+        STATIC_EXTEND_LEN=False,  # not read
+        BLOCK_ROWS=1,
+        physical_page_size=physical_page_size,
+        HAS_PAGE_TABLE_1=HAS_PAGE_TABLE_1,
+        HAS_REAL_PAGE_TABLE=HAS_REAL_PAGE_TABLE,
+        BLOCK_BS=BLOCK_BS,
+        BLOCK_N=BLOCK_N,
+        TILE_N=TILE_N,
+        NUM_STAGES=NUM_STAGES,
     )
 
 
@@ -150,26 +155,13 @@ def fused_dsa_decode_metadata_bounded(
 ) -> None:
     """Decode replay metadata, bit-identical to SGLang's ``fused_dsa_decode_metadata``.
 
-    ``budget``: the most page-table programs one launch may use (at least one per request);
-    None uses :func:`default_budget`. ``page_table_1=None`` is allowed when
+    ``budget``: the most page-table programs one launch may use (at least 1; the batch's live
+    tiles are shared among them, whatever the number of requests); None uses
+    :func:`default_budget`. ``page_table_1=None`` is allowed when
     ``physical_page_size > 1`` (only ``real_page_table`` is written); with page size 1
     ``real_page_table`` is ``page_table_1``.
     """
-    key = (
-        bs,
-        max_len,
-        dsa_index_topk,
-        physical_page_size,
-        budget,
-        tuning(),
-        id(req_to_token),
-        id(cache_seqlens),
-        id(cu_seqlens_k),
-        id(page_table_1),
-        id(dsa_cache_seqlens),
-        id(dsa_cu_seqlens_k),
-        id(real_page_table),
-    )
+    key = _DECODE_PLANS.key(locals())
     if _DECODE_PLANS.launch_cached(key, (seq_lens, req_pool_indices)):
         return
     check_common(
@@ -201,12 +193,12 @@ def fused_dsa_decode_metadata_bounded(
             seq_lens,
             req_pool_indices,
             req_to_token,
-            cache_seqlens,
-            cu_seqlens_k,
-            page_table_1,
-            dsa_cache_seqlens,
-            dsa_cu_seqlens_k,
-            real_page_table,
+            (cache_seqlens,),
+            (cu_seqlens_k,),
+            (page_table_1,),
+            (dsa_cache_seqlens,),
+            (dsa_cu_seqlens_k,),
+            (real_page_table,),
             seq_lens.stride(0),
             req_pool_indices.stride(0),
             req_to_token.stride(0),
@@ -234,7 +226,7 @@ def fused_dsa_decode_metadata_bounded(
     )
 
 
-_DECODE_PLANS = LaunchPlans(_bounded_decode_metadata_kernel, num_inputs=2)
+_DECODE_PLANS = LaunchPlans(bounded_decode_metadata_kernel, num_inputs=2, tunables=tuning)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,37 +310,37 @@ def _bounded_target_verify_metadata_kernel(
         return
 
     copy_live_tiles(
-        req_to_token,
-        (page_table_1,),
-        (real_page_table,),
-        seq_lens,
-        req_pool_indices,
-        seq_lens,
-        pid - 1,
-        num_programs,
-        bs,
-        width,
-        0,
-        seq_lens_stride,
-        req_pool_indices_stride,
-        0,
-        req_to_token_stride_0,
-        req_to_token_stride_1,
-        page_table_stride_0,
-        page_table_stride_1,
-        real_page_table_stride_0,
-        real_page_table_stride_1,
-        next_n,
-        next_n,
-        False,
-        1,
-        physical_page_size,
-        HAS_PAGE_TABLE_1,
-        HAS_REAL_PAGE_TABLE,
-        BLOCK_BS,
-        BLOCK_N,
-        TILE_N,
-        NUM_STAGES,
+        req_to_token=req_to_token,
+        page_tables=(page_table_1,),
+        real_page_tables=(real_page_table,),
+        seq_lens=seq_lens,
+        req_pool_indices=req_pool_indices,
+        extend_seq_lens=seq_lens,  # not read: next_n rows per request
+        program=pid - 1,
+        num_programs=num_programs,
+        bs=bs,
+        width=width,
+        total_len=0,  # not read: next_n rows per request
+        seq_lens_stride=seq_lens_stride,
+        req_pool_indices_stride=req_pool_indices_stride,
+        extend_seq_lens_stride=0,
+        req_to_token_stride_0=req_to_token_stride_0,
+        req_to_token_stride_1=req_to_token_stride_1,
+        page_table_stride_0=page_table_stride_0,
+        page_table_stride_1=page_table_stride_1,
+        real_page_table_stride_0=real_page_table_stride_0,
+        real_page_table_stride_1=real_page_table_stride_1,
+        KV_ADD=next_n,
+        ROWS_PER_REQUEST=next_n,
+        STATIC_EXTEND_LEN=False,  # not read
+        BLOCK_ROWS=next_n,
+        physical_page_size=physical_page_size,
+        HAS_PAGE_TABLE_1=HAS_PAGE_TABLE_1,
+        HAS_REAL_PAGE_TABLE=HAS_REAL_PAGE_TABLE,
+        BLOCK_BS=BLOCK_BS,
+        BLOCK_N=BLOCK_N,
+        TILE_N=TILE_N,
+        NUM_STAGES=NUM_STAGES,
     )
 
 
@@ -376,24 +368,7 @@ def fused_dsa_target_verify_metadata_bounded(
     Each request's ``next_n`` expanded page-table rows are written from one read of its
     ``req_to_token`` row. ``budget`` as in :func:`fused_dsa_decode_metadata_bounded`.
     """
-    key = (
-        bs,
-        max_seqlen_k,
-        dsa_index_topk,
-        physical_page_size,
-        next_n,
-        budget,
-        tuning(),
-        id(req_to_token),
-        id(cache_seqlens),
-        id(cu_seqlens_k),
-        id(page_table_1),
-        id(seqlens_expanded),
-        id(dsa_cache_seqlens),
-        id(dsa_cu_seqlens_k),
-        id(real_page_table),
-        id(paged_mqa_ctx_lens_2d),
-    )
+    key = _VERIFY_PLANS.key(locals())
     if _VERIFY_PLANS.launch_cached(key, (seq_lens, req_pool_indices)):
         return
     rows = bs * next_n
@@ -483,7 +458,7 @@ def fused_dsa_target_verify_metadata_bounded(
     )
 
 
-_VERIFY_PLANS = LaunchPlans(_bounded_target_verify_metadata_kernel, num_inputs=2)
+_VERIFY_PLANS = LaunchPlans(_bounded_target_verify_metadata_kernel, num_inputs=2, tunables=tuning)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -578,37 +553,37 @@ def _bounded_draft_extend_metadata_kernel(
         return
 
     copy_live_tiles(
-        req_to_token,
-        (page_table_1,),
-        (real_page_table,),
-        seq_lens,
-        req_pool_indices,
-        extend_seq_lens,
-        pid - 1,
-        num_programs,
-        bs,
-        width,
-        total_len,
-        seq_lens_stride,
-        req_pool_indices_stride,
-        extend_seq_lens_stride,
-        req_to_token_stride_0,
-        req_to_token_stride_1,
-        page_table_stride_0,
-        page_table_stride_1,
-        real_page_table_stride_0,
-        real_page_table_stride_1,
-        0,
-        0,
-        STATIC_EXTEND_LEN,
-        BLOCK_ROWS,
-        physical_page_size,
-        HAS_PAGE_TABLE_1,
-        HAS_REAL_PAGE_TABLE,
-        BLOCK_BS,
-        BLOCK_N,
-        TILE_N,
-        NUM_STAGES,
+        req_to_token=req_to_token,
+        page_tables=(page_table_1,),
+        real_page_tables=(real_page_table,),
+        seq_lens=seq_lens,
+        req_pool_indices=req_pool_indices,
+        extend_seq_lens=extend_seq_lens,
+        program=pid - 1,
+        num_programs=num_programs,
+        bs=bs,
+        width=width,
+        total_len=total_len,
+        seq_lens_stride=seq_lens_stride,
+        req_pool_indices_stride=req_pool_indices_stride,
+        extend_seq_lens_stride=extend_seq_lens_stride,
+        req_to_token_stride_0=req_to_token_stride_0,
+        req_to_token_stride_1=req_to_token_stride_1,
+        page_table_stride_0=page_table_stride_0,
+        page_table_stride_1=page_table_stride_1,
+        real_page_table_stride_0=real_page_table_stride_0,
+        real_page_table_stride_1=real_page_table_stride_1,
+        KV_ADD=0,
+        ROWS_PER_REQUEST=0,  # each request's extend_seq_lens rows
+        STATIC_EXTEND_LEN=STATIC_EXTEND_LEN,
+        BLOCK_ROWS=BLOCK_ROWS,
+        physical_page_size=physical_page_size,
+        HAS_PAGE_TABLE_1=HAS_PAGE_TABLE_1,
+        HAS_REAL_PAGE_TABLE=HAS_REAL_PAGE_TABLE,
+        BLOCK_BS=BLOCK_BS,
+        BLOCK_N=BLOCK_N,
+        TILE_N=TILE_N,
+        NUM_STAGES=NUM_STAGES,
     )
 
 
@@ -639,26 +614,7 @@ def fused_dsa_draft_extend_metadata_bounded(
     Each request's ``extend_seq_lens[r]`` page-table rows (at most ``next_power_of_2(max_extend_len)``,
     as in SGLang) are written from one read of its ``req_to_token`` row.
     """
-    key = (
-        bs,
-        total_len,
-        max_seqlen_k,
-        dsa_index_topk,
-        physical_page_size,
-        max_extend_len,
-        max_total_len,
-        static_extend_len,
-        budget,
-        tuning(),
-        id(req_to_token),
-        id(cache_seqlens),
-        id(cu_seqlens_k),
-        id(page_table_1),
-        id(seqlens_expanded),
-        id(dsa_cache_seqlens),
-        id(dsa_cu_seqlens_k),
-        id(real_page_table),
-    )
+    key = _DRAFT_EXTEND_PLANS.key(locals())
     if _DRAFT_EXTEND_PLANS.launch_cached(key, (seq_lens, extend_seq_lens, req_pool_indices)):
         return
     check_common(
@@ -751,4 +707,6 @@ def fused_dsa_draft_extend_metadata_bounded(
     )
 
 
-_DRAFT_EXTEND_PLANS = LaunchPlans(_bounded_draft_extend_metadata_kernel, num_inputs=3)
+_DRAFT_EXTEND_PLANS = LaunchPlans(
+    _bounded_draft_extend_metadata_kernel, num_inputs=3, tunables=tuning
+)

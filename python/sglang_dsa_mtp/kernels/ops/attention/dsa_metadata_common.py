@@ -85,9 +85,11 @@ def copy_live_tiles(
     every table of ``page_tables`` / ``real_page_tables`` (tuples of one length, tables sharing
     their strides). A request's KV length is ``seq_lens + KV_ADD``; its rows are ``r`` (one per
     request, ``ROWS_PER_REQUEST == 1``), ``r * n .. + n`` (``ROWS_PER_REQUEST == n``), or, with
-    ``ROWS_PER_REQUEST == 0`` (draft extend), its ``extend_seq_lens`` rows (at most
-    ``BLOCK_ROWS`` and none past ``total_len``), starting at ``r * extend_seq_lens[r]``
-    (``STATIC_EXTEND_LEN``) or after the rows of the requests before it."""
+    ``ROWS_PER_REQUEST == 0`` (draft extend), its ``extend_seq_lens`` rows (none past
+    ``total_len``), starting at ``r * extend_seq_lens[r]`` (``STATIC_EXTEND_LEN``) or after the
+    rows of the requests before it. ``BLOCK_ROWS``: the most rows of one request (a constant;
+    ``ROWS_PER_REQUEST`` where it is not 0). ``extend_seq_lens`` and ``total_len`` are read only
+    where ``ROWS_PER_REQUEST == 0``."""
     offs_b = tl.arange(0, BLOCK_BS)
     mask_b = offs_b < bs
     kv = tl.load(seq_lens + offs_b * seq_lens_stride, mask=mask_b, other=0).to(tl.int32) + KV_ADD
@@ -130,13 +132,12 @@ def copy_live_tiles(
         real_offs = (offs_n // physical_page_size) * real_page_table_stride_1
         real_vals = vals // physical_page_size
         real_mask = mask & ((offs_n % physical_page_size) == 0)
-        # The request's rows: ROWS_PER_REQUEST of them (decode, target verify), or its num_rows
-        # draft-extend rows, out of a constant BLOCK_ROWS, the rest masked off. Not
+        # The request's num_rows rows, out of a constant BLOCK_ROWS, the rest masked off. Not
         # `range(num_rows)`: Triton 3.6's TritonGPURemoveLayoutConversions prunes a loop-carried
         # value whose only use is the bound of a nested loop and puts its value from before the
-        # loop in its place (upstream triton-lang/triton pull request 9036), so every tile
-        # wrote the row count of the program's first request, not of the tile's.
-        for r in range(ROWS_PER_REQUEST if ROWS_PER_REQUEST > 0 else BLOCK_ROWS):
+        # loop in its place (upstream triton-lang/triton pull request 9036), so every draft-extend
+        # tile wrote the row count of its program's first request, not of its own.
+        for r in range(BLOCK_ROWS):
             row_live = (ROWS_PER_REQUEST > 0) | (r < num_rows)
             for d in tl.static_range(len(page_tables)):
                 if HAS_PAGE_TABLE_1:

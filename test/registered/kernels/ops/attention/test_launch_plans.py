@@ -1,19 +1,35 @@
 """Calls through launch plans write what SGLang's kernels write.
 
 A wrapper's first call with a set of buffers goes through Triton's JIT and keeps a launch plan; later
-calls with those buffers launch through the plan (``kernels/ops/launch.py``). On the GPU (under
-Triton's interpreter there are no plans), for decode, target verify, draft extend and the MTP one
-launch: the same buffers are called again and again with new lengths and slots (also at an odd input
-address, also inside a CUDA graph), and after every call every element of every buffer equals what
-SGLang's kernel leaves in its own buffers through the same sequence of calls.
+calls with those buffers launch through the plan (``kernels/ops/launch.py``). The plan's key is every
+argument of the call but its per-call inputs (``LaunchPlans.key``): on the CPU, with plans made as on
+a GPU (fixture ``planned_launches``), a call that differs in any other argument gets its own plan and
+grid. On the GPU (under Triton's interpreter there are no plans), for decode, target verify, draft
+extend and the MTP one launch: the same buffers are called again and again with new lengths and slots
+(also at an odd input address, also inside a CUDA graph), and after every call every element of
+every buffer equals what SGLang's kernel leaves in its own buffers through the same sequence of calls.
 """
+
+import inspect
 
 import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
+from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import bounded_num_programs
 from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans
-from sglang_dsa_mtp.testing.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
+from sglang_dsa_mtp.testing.metadata_cases import (
+    SMALL_TOPK,
+    STRIDING_LENGTHS,
+    STRIDING_WIDTH,
+    CapturedBuffers,
+    kernel_for,
+    make_case,
+    one_launch_kwargs,
+    run_draft_decode_multi,
+)
 
 BS = 6
 ROUNDS = 5
@@ -49,6 +65,89 @@ def assert_same(ours: dict, theirs: dict, what: str):
     for name, tensor in theirs.items():
         if isinstance(tensor, torch.Tensor) and name not in ("seq_lens", "req_pool_indices"):
             assert torch.equal(ours[name], tensor), f"{what}: {name} differs from SGLang's"
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU: the plan key
+# ------------------------------------------------------------------------------------------------
+
+WRAPPERS = {
+    "decode": (bounded._DECODE_PLANS, bounded.fused_dsa_decode_metadata_bounded),
+    "verify": (bounded._VERIFY_PLANS, bounded.fused_dsa_target_verify_metadata_bounded),
+    "draft_extend": (bounded._DRAFT_EXTEND_PLANS, bounded.fused_dsa_draft_extend_metadata_bounded),
+    "mtp": (draft._PLANS, draft.fused_dsa_draft_decode_metadata_multi),
+}
+
+
+def _other(value):
+    """A value unequal to ``value`` for the key: another tensor object, int, flag or list."""
+    if isinstance(value, torch.Tensor) or value is None:
+        return torch.zeros(1)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    return [*value, torch.zeros(1)]
+
+
+@pytest.mark.parametrize("op", WRAPPERS)
+def test_every_argument_but_the_per_call_inputs_is_part_of_the_plan_key(op, monkeypatch):
+    plans, wrapper = WRAPPERS[op]
+    names = list(inspect.signature(wrapper).parameters)
+    arguments = {name: torch.zeros(1) for name in names}
+    arguments.update(
+        {name: 3 for name in ("bs", "budget", "max_len", "total_len") if name in names}
+    )
+    base = plans.key(arguments)
+    inputs = plans.kernel.arg_names[: plans.num_inputs]
+    for name in names:
+        changed = plans.key({**arguments, name: _other(arguments[name])})
+        if name in inputs:
+            assert changed == base, f"{op}: the per-call input {name} is in the key"
+        else:
+            assert changed != base, f"{op}: {name} is not in the key"
+    monkeypatch.setattr(common, "TILE_N", 2 * common.TILE_N)
+    assert plans.key(arguments) != base, f"{op}: the tile size is not in the key"
+
+
+def _call(op, case, outs, budget):
+    if op == "mtp":
+        run_draft_decode_multi(case, outs, budget=budget)
+    else:
+        case.run("bounded", outs[0], budget=budget)
+
+
+@pytest.mark.parametrize("op", WRAPPERS)
+def test_a_call_with_another_budget_on_the_same_buffers_launches_its_own_grid(op, planned_launches):
+    """The same buffers called with budgets 2, 5, 2, 5: the first call of each budget compiles its
+    grid (the JIT path), the second launches through that budget's own plan."""
+    next_n = 2
+    lengths = STRIDING_LENGTHS if op != "verify" else [n - next_n for n in STRIDING_LENGTHS]
+    case = make_case(
+        "decode" if op == "mtp" else op,
+        lengths,
+        width=STRIDING_WIDTH,
+        device=torch.device("cpu"),
+        topk=SMALL_TOPK,
+        next_n=next_n,
+        generator=torch.Generator().manual_seed(5),
+    )
+    outs = [case.outputs() for _ in range(3 if op == "mtp" else 1)]
+    grid = {b: 1 + bounded_num_programs(case.bs, STRIDING_WIDTH, b) for b in (2, 5)}
+    assert grid[2] != grid[5]
+    for budget in (2, 5, 2, 5):
+        _call(op, case, outs, budget)
+    assert planned_launches == [
+        ("jit", (grid[2],)),
+        ("jit", (grid[5],)),
+        ("plan", (grid[2],)),
+        ("plan", (grid[5],)),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: calls through plans against SGLang's kernels
+# ------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.gpu

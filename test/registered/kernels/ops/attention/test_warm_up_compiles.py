@@ -26,10 +26,9 @@ from sglang_dsa_mtp.testing.metadata_cases import CapturedBuffers, kernel_for, o
 CAPTURED = [1, 2, 3, 4, 8, 12, 16, 24, 32, 48, 64]
 OPS = ("decode", "verify", "draft_extend")
 KERNELS = (
-    bounded._bounded_decode_metadata_kernel,
+    bounded.bounded_decode_metadata_kernel,  # decode and the MTP one launch
     bounded._bounded_target_verify_metadata_kernel,
     bounded._bounded_draft_extend_metadata_kernel,
-    draft._draft_decode_metadata_kernel,
 )
 
 
@@ -91,7 +90,7 @@ def test_no_compile_after_the_warm_up_of_every_captured_bs(req_to_token_1m):
 @pytest.mark.gpu
 def test_the_compile_count_sees_a_new_variant_and_nothing_on_a_second_call(req_to_token_1m):
     buffers = CapturedBuffers(req_to_token_1m, max_bs=4, next_n=5, page_size=64, topk=2048)
-    forget_compiled(bounded._bounded_decode_metadata_kernel)
+    forget_compiled(bounded.bounded_decode_metadata_kernel)
     kwargs = buffers.replay_kwargs("decode", 3)
     with count_compiles() as first:
         bounded.fused_dsa_decode_metadata_bounded(**kwargs)

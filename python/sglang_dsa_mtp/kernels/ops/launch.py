@@ -14,6 +14,9 @@ call's variant on :func:`specialization_twin` buffers. Details: docs/switches.md
 
 from __future__ import annotations
 
+import inspect
+import operator
+import typing
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -86,17 +89,25 @@ class LaunchPlans:
     """Cached launches of one ``@triton.jit`` kernel whose first ``num_inputs`` parameters are the
     per-call inputs (1-D integer tensors) and whose other arguments are fixed per call key.
 
+    ``wrapper`` is the function that launches the kernel; its parameters named as the kernel's
+    inputs are the per-call inputs, and its type hints say how :meth:`key` takes every other one.
     ``tunables`` returns the module constants a launch also depends on (tile sizes, stages,
     warps), read at every call: part of every key."""
 
     def __init__(
-        self, kernel, num_inputs: int, *, tunables: Callable[[], tuple] = tuple, driver=None
+        self,
+        kernel,
+        num_inputs: int,
+        *,
+        wrapper: Callable | None = None,
+        tunables: Callable[[], tuple] = tuple,
+        driver=None,
     ):
         self.kernel = kernel
         self.num_inputs = num_inputs
         self.tunables = tunables
         self.driver = driver  # None: Triton's active driver, looked up when a plan is made
-        self._input_names = frozenset(kernel.arg_names[:num_inputs])
+        self._keyed = None if wrapper is None else _keyed_parameters(wrapper, kernel, num_inputs)
         self._plans: dict[tuple, _Plan] = {}
 
     def __len__(self) -> int:
@@ -106,14 +117,18 @@ class LaunchPlans:
         self._plans.clear()
 
     def key(self, arguments: Mapping[str, Any]) -> tuple:
-        """The plan key of one wrapper call, from the wrapper's ``arguments`` by name (its
-        ``locals()`` on entry): every argument but the per-call inputs (named as the kernel's
-        first ``num_inputs`` parameters), a tensor by its identity, a list or tuple item by item,
-        anything else by value; then the tunables. The one place a key is made, so that no
-        argument a launch depends on can be left out of it."""
-        inputs = self._input_names
+        """The plan key of one call of the wrapper, from its arguments by name (its ``locals()``
+        on entry): every argument but the per-call inputs, a tensor (hinted ``torch.Tensor`` or
+        ``Optional[torch.Tensor]``) by its identity, a scalar (``int``, ``bool``, ...) by value,
+        anything else item by item; then the tunables. The one place a key is made: no argument
+        a launch depends on can be left out of it."""
+        if self._keyed is None:
+            raise TypeError("these launch plans were made without a wrapper: they make no keys")
+        by_value, by_identity, nested = self._keyed
         return (
-            *(_key_part(value) for name, value in arguments.items() if name not in inputs),
+            by_value(arguments),
+            tuple(map(id, by_identity(arguments))),
+            tuple(map(_key_part, nested(arguments))),
             self.tunables(),
         )
 
@@ -184,6 +199,42 @@ class LaunchPlans:
 
         plan.refs = tuple(weakref.ref(b, drop) for b in buffers)
         plans[key] = plan
+
+
+_SCALARS = (int, bool, float, str, type(None))
+
+
+def _keyed_parameters(wrapper, kernel, num_inputs: int):
+    """Getters of ``wrapper``'s parameters but the kernel's inputs, split by their type hints:
+    (scalars, tensors, anything else), each returning a tuple."""
+    inputs = kernel.arg_names[:num_inputs]
+    hints = typing.get_type_hints(wrapper)
+    names = list(inspect.signature(wrapper).parameters)
+    missing = [name for name in inputs if name not in names]
+    if missing:
+        raise ValueError(f"{wrapper.__name__} has no parameter for the kernel inputs {missing}")
+    groups = ([], [], [])
+    for name in names:
+        if name in inputs:
+            continue
+        hint = hints.get(name, object)
+        options = set(typing.get_args(hint)) or {hint}
+        if options <= {torch.Tensor, type(None)} and torch.Tensor in options:
+            groups[1].append(name)
+        elif options <= set(_SCALARS):
+            groups[0].append(name)
+        else:
+            groups[2].append(name)
+    return tuple(_tuple_getter(group) for group in groups)
+
+
+def _tuple_getter(names: list[str]) -> Callable[[Mapping[str, Any]], tuple]:
+    if len(names) >= 2:
+        return operator.itemgetter(*names)
+    if names:
+        name = names[0]
+        return lambda arguments: (arguments[name],)
+    return lambda arguments: ()
 
 
 def _key_part(value):

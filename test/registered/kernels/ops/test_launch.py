@@ -7,7 +7,9 @@ tests run every call twice, the second through the plan, against SGLang's kernel
 """
 
 import gc
+from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 import torch
@@ -202,3 +204,31 @@ def test_a_shared_rows_twin_keeps_the_column_stride_in_one_row_of_storage():
     assert twin.untyped_storage().nbytes() < 2 * 300 * 4
     twin[3, 5] = 1
     assert twin[0, 5] == 1 and (table == 7).all()
+
+
+def test_plans_for_a_wrapper_without_the_kernel_inputs_are_an_error_naming_them():
+    def wrapper(seq_lens: torch.Tensor, out: torch.Tensor, n: int):
+        pass
+
+    with pytest.raises(
+        ValueError, match=r"no parameter for the kernel inputs \['req_pool_indices'\]"
+    ):
+        LaunchPlans(FakeKernel(), num_inputs=2, wrapper=wrapper)
+
+
+def test_a_key_takes_tensors_by_identity_scalars_by_value_and_lists_item_by_item():
+    def wrapper(
+        seq_lens: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        out: Optional[torch.Tensor],
+        n: int,
+        flag: bool,
+        outs: Sequence[tuple],
+    ):
+        pass
+
+    plans = LaunchPlans(FakeKernel(), num_inputs=2, wrapper=wrapper, tunables=lambda: (7,))
+    out, other = torch.zeros(2), torch.zeros(2)
+    arguments = dict(seq_lens=out, req_pool_indices=out, out=out, n=3, flag=True, outs=[(other,)])
+    assert plans.key(arguments) == ((3, True), (id(out),), (((id(other),),),), (7,))
+    assert plans.key({**arguments, "seq_lens": other}) == plans.key(arguments)

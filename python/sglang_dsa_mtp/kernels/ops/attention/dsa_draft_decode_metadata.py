@@ -150,7 +150,12 @@ def fused_dsa_draft_decode_metadata_multi(
     )
 
 
-_PLANS = LaunchPlans(bounded_decode_metadata_kernel, num_inputs=2, tunables=tuning)
+_PLANS = LaunchPlans(
+    bounded_decode_metadata_kernel,
+    num_inputs=2,
+    wrapper=fused_dsa_draft_decode_metadata_multi,
+    tunables=tuning,
+)
 # The length vectors of a destination, in the kernel's parameter order.
 _LENGTHS = ("cache_seqlens", "cu_seqlens_k", "dsa_cache_seqlens", "dsa_cu_seqlens_k")
 

@@ -226,7 +226,12 @@ def fused_dsa_decode_metadata_bounded(
     )
 
 
-_DECODE_PLANS = LaunchPlans(bounded_decode_metadata_kernel, num_inputs=2, tunables=tuning)
+_DECODE_PLANS = LaunchPlans(
+    bounded_decode_metadata_kernel,
+    num_inputs=2,
+    wrapper=fused_dsa_decode_metadata_bounded,
+    tunables=tuning,
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -458,7 +463,12 @@ def fused_dsa_target_verify_metadata_bounded(
     )
 
 
-_VERIFY_PLANS = LaunchPlans(_bounded_target_verify_metadata_kernel, num_inputs=2, tunables=tuning)
+_VERIFY_PLANS = LaunchPlans(
+    _bounded_target_verify_metadata_kernel,
+    num_inputs=2,
+    wrapper=fused_dsa_target_verify_metadata_bounded,
+    tunables=tuning,
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -708,5 +718,8 @@ def fused_dsa_draft_extend_metadata_bounded(
 
 
 _DRAFT_EXTEND_PLANS = LaunchPlans(
-    _bounded_draft_extend_metadata_kernel, num_inputs=3, tunables=tuning
+    _bounded_draft_extend_metadata_kernel,
+    num_inputs=3,
+    wrapper=fused_dsa_draft_extend_metadata_bounded,
+    tunables=tuning,
 )

@@ -79,28 +79,36 @@ WRAPPERS = {
 }
 
 
+def _sample(parameter):
+    """A value of ``parameter``'s annotated type: a tensor, a flag, an int, a destination list."""
+    hint = str(parameter.annotation)
+    if "Sequence" in hint:
+        return [draft.DecodeMetadataDestination(*(torch.zeros(1) for _ in range(6)))]
+    if "Tensor" in hint:
+        return torch.zeros(1)
+    return False if "bool" in hint else 3
+
+
 def _other(value):
-    """A value unequal to ``value`` for the key: another tensor object, int, flag or list."""
+    """A value the key must tell from ``value``: another tensor, flag, int or destination list."""
     if isinstance(value, torch.Tensor) or value is None:
         return torch.zeros(1)
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
         return value + 1
-    return [*value, torch.zeros(1)]
+    return [*value, draft.DecodeMetadataDestination(*(torch.zeros(1) for _ in range(6)))]
 
 
 @pytest.mark.parametrize("op", WRAPPERS)
 def test_every_argument_but_the_per_call_inputs_is_part_of_the_plan_key(op, monkeypatch):
     plans, wrapper = WRAPPERS[op]
-    names = list(inspect.signature(wrapper).parameters)
-    arguments = {name: torch.zeros(1) for name in names}
-    arguments.update(
-        {name: 3 for name in ("bs", "budget", "max_len", "total_len") if name in names}
-    )
+    parameters = inspect.signature(wrapper).parameters
+    arguments = {name: _sample(parameter) for name, parameter in parameters.items()}
     base = plans.key(arguments)
+    assert plans.key(dict(arguments)) == base
     inputs = plans.kernel.arg_names[: plans.num_inputs]
-    for name in names:
+    for name in parameters:
         changed = plans.key({**arguments, name: _other(arguments[name])})
         if name in inputs:
             assert changed == base, f"{op}: the per-call input {name} is in the key"

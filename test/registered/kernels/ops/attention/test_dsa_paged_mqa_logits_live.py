@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
+from sglang_dsa_mtp.kernels.ops.host import default_budget
 from sglang_dsa_mtp.testing import indexer_cases as cases
 from sglang_dsa_mtp.testing.timing import capture_graph
 
@@ -254,6 +255,36 @@ def test_gpu_copy_at_1m_width_matches_the_torch_reference_on_poisoned_buffers():
         expected = expected_copy(view, dst, lengths_t, row_start)
         live.copy_live_logits(view, dst, lengths_t, row_start=row_start, budget=budget)
         assert_bits_equal(dst, expected)
+
+
+RANDOM_COPY_WIDTHS = (64, 65, 1000, 2049, 8256, 65_600, WIDTH_1M, WIDTH_1M)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(24))
+def test_gpu_copy_matches_the_torch_reference_on_random_cases_at_every_budget(seed):
+    """Seeded random copies: rows around and past the SM count, widths up to 1M, a row offset,
+    lengths at the block edges, negative and past the width, at budgets 1, rows - 1, rows,
+    3 x rows + 1, the default and above it."""
+    gen = torch.Generator().manual_seed(seed)
+    width = RANDOM_COPY_WIDTHS[seed % len(RANDOM_COPY_WIDTHS)]
+    rows = int(torch.randint(1, 300 if width < WIDTH_1M else 140, (1,), generator=gen))
+    row_start = int(torch.randint(0, 4, (1,), generator=gen))
+    edges = cases.edge_lengths(rows, width)
+    random = torch.randint(-3, width + 70, (rows,), generator=gen).tolist()
+    pick = torch.randint(0, 2, (rows,), generator=gen).tolist()
+    lengths = [e if p else r for e, r, p in zip(edges, random, pick)]
+    lengths = torch.tensor([7] * row_start + lengths, dtype=torch.int32, device="cuda")
+    src = padded_source(rows, width, "cuda", gen)
+    dst = poisoned(row_start + rows + 2, width, "cuda")
+    expected = expected_copy(src, dst, lengths, row_start)
+    default = default_budget(dst.device, live.PROGRAMS_PER_SM)
+    for budget in sorted({1, max(1, rows - 1), rows, 3 * rows + 1, 2 * default + 1}) + [None]:
+        dst.fill_(POISON)
+        live.copy_live_logits(src, dst, lengths, row_start=row_start, budget=budget)
+        assert torch.equal(
+            dst.view(torch.int32), expected.view(torch.int32)
+        ), f"rows {rows}, width {width}, row_start {row_start}, budget {budget}"
 
 
 @pytest.mark.gpu

@@ -466,6 +466,27 @@ def test_padded_vocabs_on_gpu(tp_size, vocab_size):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(16))
+def test_random_vocabularies_tp_sizes_and_row_counts_on_gpu(seed):
+    """Seeded random shapes: TP size, vocab (padded or not to the shard count), dtype and row
+    chunks (draft decode rows up to 48, draft extend rows up to 240), every pattern carried."""
+    gen = torch.Generator().manual_seed(seed)
+    tp_size = TP_SIZES[int(torch.randint(0, len(TP_SIZES), (1,), generator=gen))]
+    vocab_size = int(torch.randint(1000, 160_001, (1,), generator=gen))
+    dtype = (torch.bfloat16, torch.float32)[seed % 2]
+    chunks = (
+        int(torch.randint(1, 9, (1,), generator=gen)),
+        int(torch.randint(1, 241, (1,), generator=gen)),
+        len(cases.PATTERNS),
+    )
+    width = cases.padded_shard_width(vocab_size, tp_size)
+    problems = check_chunks(tp_size, width, vocab_size, dtype, "cuda", seed=seed, chunks=chunks)
+    assert not problems, f"TP {tp_size}, vocab {vocab_size}, {dtype}, rows {chunks}: " + "\n".join(
+        problems
+    )
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tp_size", [2, 8])
 def test_emulated_exchange_in_a_cuda_graph(tp_size):
     """Partials of every emulated rank into persistent buffers, their sum, finalize with both

@@ -26,9 +26,9 @@ from sglang_dsa_mtp.testing.differential import (
 )
 from sglang_dsa_mtp.testing.metadata_cases import run_draft_decode_multi
 
-SEEDS = range(40)
-PADDED_SEEDS = range(100, 120)
-MTP_SEEDS = range(200, 216)
+SEEDS = range(32)
+PADDED_SEEDS = range(100, 116)
+MTP_SEEDS = range(200, 212)
 
 
 def describe(case) -> str:

@@ -93,6 +93,9 @@ def copy_live_tiles(
     offs_b = tl.arange(0, BLOCK_BS)
     mask_b = offs_b < bs
     kv = tl.load(seq_lens + offs_b * seq_lens_stride, mask=mask_b, other=0).to(tl.int32) + KV_ADD
+    # Every request's slot, loaded beside its length: no load waits for the lengths.
+    slots = tl.load(req_pool_indices + offs_b * req_pool_indices_stride, mask=mask_b, other=0)
+    slots = slots.to(tl.int64)
     # Whole live 128-column blocks, the last one masked by the width: SGLang's write region.
     live_end = tl.where(mask_b & (kv > 0), tl.minimum(tl.cdiv(kv, BLOCK_N) * BLOCK_N, width), 0)
     tiles = tl.cdiv(live_end, TILE_N)
@@ -109,20 +112,17 @@ def copy_live_tiles(
         first_rows = offs_b * ROWS_PER_REQUEST
         row_counts = offs_b * 0 + ROWS_PER_REQUEST
     # This program's first tile's request; then, at each tile past the request's last, the next.
+    # (A program with no tile, all of the batch's tiles before it, has req == BLOCK_BS.)
     req = tl.sum((tiles_end <= program).to(tl.int32), 0)
-    tile_end, tile_start, end, first_row, num_rows = _request_facts(
-        req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts
+    tile_end, tile_start, end, first_row, num_rows, req_idx = _request_facts(
+        req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts, slots
     )
-    # A program with no tile (all of the batch's tiles are before it) has req == BLOCK_BS.
-    req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride, mask=req < bs, other=0)
-    req_idx = req_idx.to(tl.int64)
     for tile in tl.range(program, tl.sum(tiles, 0), num_programs, num_stages=NUM_STAGES):
         if tile >= tile_end:
             req = tl.sum((tiles_end <= tile).to(tl.int32), 0)
-            tile_end, tile_start, end, first_row, num_rows = _request_facts(
-                req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts
+            tile_end, tile_start, end, first_row, num_rows, req_idx = _request_facts(
+                req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts, slots
             )
-            req_idx = tl.load(req_pool_indices + req * req_pool_indices_stride).to(tl.int64)
         offs_n = (tile - tile_start) * TILE_N + tl.arange(0, TILE_N)
         mask = offs_n < end
         src = req_to_token + req_idx * req_to_token_stride_0 + offs_n * req_to_token_stride_1
@@ -157,16 +157,18 @@ def copy_live_tiles(
 
 
 @triton.jit
-def _request_facts(req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts):
+def _request_facts(req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts, slots):
     """Request ``req``'s last global tile + 1, its first global tile, its live end (columns), its
-    first output row (int64) and its number of rows, from the per-request vectors."""
+    first output row (int64), its number of rows and its slot (int64), from the per-request
+    vectors (all 0 for a ``req`` past the lanes)."""
     this = offs_b == req
     tile_end = tl.sum(tl.where(this, tiles_end, 0), 0)
     tile_start = tile_end - tl.sum(tl.where(this, tiles, 0), 0)
     end = tl.sum(tl.where(this, live_end, 0), 0)
     first_row = tl.sum(tl.where(this, first_rows, 0), 0).to(tl.int64)
     num_rows = tl.sum(tl.where(this, row_counts, 0), 0)
-    return tile_end, tile_start, end, first_row, num_rows
+    slot = tl.sum(tl.where(this, slots, 0), 0)
+    return tile_end, tile_start, end, first_row, num_rows, slot
 
 
 @triton.jit

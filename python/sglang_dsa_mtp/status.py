@@ -119,7 +119,7 @@ def live_width_rows() -> list[Row]:
     table = "page size > 1, index_kpool 1, no HiSparse, the sgl-kernel top-k backend, index top-k <= 2048"
     parts = [
         (
-            "verify tree mask QLEN_ONLY, not read (DSA target)",
+            "verify mask QLEN_ONLY, not read (target)",
             blockers,
             "EAGLE topk 1 with CUDA graphs; not with --enable-watermark, --enable-two-batch-overlap",
         ),

@@ -59,6 +59,29 @@ def fresh_switches(monkeypatch):
     return SWITCHES
 
 
+@pytest.fixture
+def triton_release():
+    """``triton_release("3.9.0")``: ``kernels.ops.launch`` re-executed as a process with that Triton
+    release imports it (``triton.__version__`` patched for the import only, so that the module's
+    own ``TRITON_VERSION`` and ``DIRECT_LAUNCH`` are read from it); returns the module. Afterwards
+    the module is re-executed under the real release."""
+    import importlib
+
+    import triton
+
+    from sglang_dsa_mtp.kernels.ops import launch
+
+    def use(version: str):
+        real, triton.__version__ = triton.__version__, version
+        try:
+            return importlib.reload(launch)
+        finally:
+            triton.__version__ = real
+
+    yield use
+    importlib.reload(launch)
+
+
 # --- hook sites: SGLang's real plugin loader has applied our real tables ---------------------------
 # SGLang is imported inside these fixtures, so that collecting the tests where SGLang's files are on
 # the path without its dependencies (test/gpu_env.sh from the wheel) leaves the skipping to each

@@ -1,17 +1,18 @@
 """``python -m sglang_dsa_mtp``: what the plugin would do on this machine, then the kernel self-checks.
 
-Prints SGLang's version, whether SGLang's plugin loader picks this package up, the kill switches,
-whether each feature would engage here and why not, from how many running requests the live-width
-indexer logits engage on this GPU, and one row per kernel self-check
-(``--no-checks`` skips them). The exit status is 0 when SGLang's plugin loader loads this plugin,
+Prints SGLang's version, whether SGLang's plugin loader picks this package up, which launch the
+kernels' launch plans make under the installed Triton, the kill switches, whether each feature would
+engage here and why not, from how many running requests the live-width indexer logits engage on
+this GPU, and one row per kernel self-check (``--no-checks`` skips them). The exit status is 0 when SGLang's plugin loader loads this plugin,
 every kill-switch value is valid and every self-check passes; 1 when the loader leaves the plugin
 out, a value is invalid or a check fails; 2 on a bad command line. The rows come from
 :mod:`sglang_dsa_mtp.status`, the checks from the test support (``sglang_dsa_mtp.testing``), which
 only this command imports, and only when it runs them.
 
-The tables go to stdout. This package's log records go to stderr as ``LEVEL sglang_dsa_mtp: ...``
-(each message carries its ``sglang_dsa_mtp:`` prefix, which is what names them in SGLang's server
-log, whose format has no logger names). SGLang's own import-time warnings about a machine without
+The tables go to stdout, every line at most :data:`WIDTH` columns: a table's last column wraps
+under its own start, a self-check's detail goes on the lines below its row. This package's log
+records go to stderr as ``LEVEL sglang_dsa_mtp: ...`` (each message carries its ``sglang_dsa_mtp:``
+prefix, which is what names them in SGLang's server log, whose format has no logger names). SGLang's own import-time warnings about a machine without
 CUDA (``SGLANG_IMPORT_WARNINGS``, ``SGLANG_IMPORT_LOG_LINES``) are not about this plugin and are
 kept off this screen; any other warning is shown as usual.
 """
@@ -23,6 +24,7 @@ import contextlib
 import logging
 import re
 import sys
+import textwrap
 import warnings
 from collections.abc import Iterator, Sequence
 
@@ -41,6 +43,8 @@ SGLANG_IMPORT_WARNINGS = (
 )
 # SGLang's log lines at the same moment: (logger name, start of message).
 SGLANG_IMPORT_LOG_LINES = (("sglang.kernels.jit.utils.arch", "Cannot detect CUDA architecture."),)
+WIDTH = 100  # columns of the printed status and self-checks
+INDENT = "  "
 
 
 @contextlib.contextmanager
@@ -88,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m sglang_dsa_mtp",
         description=(
             "What the sglang-dsa-mtp plugin would do on this machine (SGLang's version, the plugin "
-            "loader, the kill switches, each feature and why it would not engage), then each of "
-            "its kernels checked against SGLang's own, bit for bit: on a CUDA GPU, with timings; "
-            "otherwise on the CPU through Triton's interpreter, at small sizes."
+            "loader, the launch plans, the kill switches, each feature and why it would not "
+            "engage), then each of its kernels checked against SGLang's own, bit for bit: on a "
+            "CUDA GPU, with timings; otherwise on the CPU through Triton's interpreter, at small "
+            "sizes."
         ),
         epilog=(
             "Exit status: 0 when SGLang's plugin loader loads the plugin, every kill-switch value "
@@ -110,11 +115,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_table(rows: list[tuple[str, ...]], header: tuple[str, ...] | None = None) -> None:
-    rows = rows if header is None else [header, *rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, max(width, 1), break_on_hyphens=False) or [""]
+
+
+def _print_table(
+    rows: list[tuple[str, ...]],
+    header: tuple[str, ...] | None = None,
+    notes: list[str] | None = None,
+) -> None:
+    """The rows in aligned columns, the last one wrapped under its own start to fit :data:`WIDTH`;
+    ``notes`` (one per row, after the header) go on the lines below their row, indented."""
+    notes = notes or [""] * len(rows)
+    if header is not None:
+        rows, notes = [header, *rows], ["", *notes]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lead = len(INDENT) + sum(width + 2 for width in widths)
+    for row, note in zip(rows, notes):
+        cells = "".join(cell.ljust(width + 2) for cell, width in zip(row, widths))
+        first, *rest = _wrap(row[-1], WIDTH - lead)
+        print((INDENT + cells + first).rstrip())
+        for line in rest:
+            print(" " * lead + line)
+        for line in _wrap(note, WIDTH - 2 * len(INDENT)) if note else ():
+            print(2 * INDENT + line)
     print()
 
 
@@ -123,8 +147,9 @@ def _us(value: float | None) -> str:
 
 
 def _print_status(device: torch.device, device_note: str) -> bool:
-    """The SGLang, loader and device lines, the kill switches, the features, and from how many
-    running requests the live-width indexer logits engage here; whether SGLang's loader loads us."""
+    """The SGLang, loader, device and launch-plan lines, the kill switches, the features, and from
+    how many running requests the live-width indexer logits engage here; whether SGLang's loader
+    loads us."""
     from sglang_dsa_mtp import status
 
     print(f"sglang_dsa_mtp {sglang_dsa_mtp.__version__}\n")
@@ -132,7 +157,9 @@ def _print_status(device: torch.device, device_note: str) -> bool:
     _print_table(rows)
     _print_table(status.switch_rows(), header=("kill switch", "state", "why"))
     _print_table(status.feature_rows(), header=("feature", "engages here", "why not"))
-    print(f"  {status.device_indexer_engagement(device)}\n")
+    for line in _wrap(status.device_indexer_engagement(device), WIDTH - len(INDENT)):
+        print(INDENT + line)
+    print()
     live_width = status.live_width_rows()
     if live_width:
         _print_table(live_width, header=("live_width part", "engages here", "when / why not"))
@@ -148,12 +175,14 @@ def _run_checks(device: torch.device, device_note: str) -> list[str]:
     if not results:
         print(f"  self-checks ({device_note}): none yet")
         return []
+    print(f"  self-checks on {device_note}:\n")
     _print_table(
         [
-            (check.name, "ok" if r.ok else "FAIL", _us(r.ours_us), _us(r.sglang_us), r.detail)
+            (check.name, "ok" if r.ok else "FAIL", _us(r.ours_us), _us(r.sglang_us))
             for check, r in results
         ],
-        header=(f"self-check ({device_note})", "result", "ours us", "SGLang us", "detail"),
+        header=("self-check", "result", "ours us", "SGLang us"),
+        notes=[r.detail for _, r in results],
     )
     return [check.name for check, r in results if not r.ok]
 

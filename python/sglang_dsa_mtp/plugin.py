@@ -5,6 +5,8 @@ the group ``sglang.srt.plugins``), then applies the registered hooks. A feature 
 or not at all: it stays off, and SGLang keeps its own path, when the installed SGLang is not a
 version we tested, when its kill switch is off, or when any of its rows does not resolve (a hook
 target that is missing, an attribute SGLang already defines). ``register()`` never raises into SGLang.
+Its one start-up line at INFO gives each feature's decision and, with the bounded replay metadata
+on, which launch its launch plans make under the installed Triton (``launch.launch_path``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.hooks import PluginAttribute, PluginHook
+from sglang_dsa_mtp.kernels.ops import launch
 from sglang_dsa_mtp.log import logger
-from sglang_dsa_mtp.switches import SWITCHES, KillSwitch
+from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, SWITCHES, KillSwitch
 
 ENTRY_POINT = "dsa_mtp"
 # Accepted with any local build label too (PEP 440: ``0.5.23+cu130`` is a build of ``0.5.23``).
@@ -206,10 +209,16 @@ def register() -> None:
         _status = {
             switch.feature: FeatureStatus(False, "registration failed") for switch in SWITCHES
         }
-    logger.info(
-        "sglang_dsa_mtp: %s",
-        "; ".join(
-            f"{feature} {'on' if s.enabled else 'off'} ({s.reason})"
-            for feature, s in _status.items()
-        ),
-    )
+    logger.info("sglang_dsa_mtp: %s", "; ".join(_start_up_decisions(_status)))
+
+
+def _start_up_decisions(status: dict[str, FeatureStatus]) -> list[str]:
+    """The parts of ``register()``'s start-up line: each feature on or off and why, then, when the
+    bounded replay metadata is on, the launch its launch plans make (the JIT path outside the
+    Triton releases whose launcher they call)."""
+    decisions = [
+        f"{feature} {'on' if s.enabled else 'off'} ({s.reason})" for feature, s in status.items()
+    ]
+    if status[BOUNDED_REPLAY_METADATA.feature].enabled:
+        decisions.append(f"launch plans: {launch.launch_path()}")
+    return decisions

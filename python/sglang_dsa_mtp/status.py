@@ -12,6 +12,7 @@ import torch
 from sglang.srt.environ import envs
 
 from sglang_dsa_mtp import devices, plugin
+from sglang_dsa_mtp.kernels.ops import launch
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH, SWITCHES
 
 EAGLE_DRAFT_TOKENS = {"3/1/4": 4, "4/1/5": 5, "5/1/6": 6}  # EAGLE steps/topk/draft tokens
@@ -19,7 +20,10 @@ Row = tuple[str, ...]
 
 
 def installation_rows(device_note: str) -> tuple[list[Row], bool]:
-    """(the SGLang, plugin loader and device rows, whether SGLang's loader loads this plugin)."""
+    """(the SGLang, plugin loader, device and launch-plan rows, whether SGLang's loader loads this
+    plugin). The launch-plan row says which launch the bounded kernels' launch plans make under the
+    installed Triton; without CUDA there are none (nothing engages, and the interpreter compiles
+    nothing)."""
     version = plugin.sglang_version()
     if version is None:
         version_note = "not installed"
@@ -28,10 +32,14 @@ def installation_rows(device_note: str) -> tuple[list[Row], bool]:
     else:
         version_note = f"{version} (NOT tested; tested: {', '.join(plugin.TESTED_SGLANG_VERSIONS)})"
     discovered, discovery_note = plugin.discovery()
+    plans = launch.launch_path()
+    if blocker := devices.cuda_blocker():
+        plans = f"not used here, {blocker}; on CUDA: {plans}"
     rows = [
         ("SGLang", version_note),
         ("plugin loader", ("yes: " if discovered else "NO: ") + discovery_note),
         ("device", device_note),
+        ("launch plans", plans),
     ]
     return rows, discovered
 
@@ -111,7 +119,7 @@ def live_width_rows() -> list[Row]:
     table = "page size > 1, index_kpool 1, no HiSparse, the sgl-kernel top-k backend, index top-k <= 2048"
     parts = [
         (
-            "verify tree mask QLEN_ONLY, not read (DSA target)",
+            "verify mask QLEN_ONLY, not read (target)",
             blockers,
             "EAGLE topk 1 with CUDA graphs; not with --enable-watermark, --enable-two-batch-overlap",
         ),

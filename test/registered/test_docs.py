@@ -1,6 +1,8 @@
 """The repository speaks to its users: every file the docs cite is in the repository, no path of a
-particular machine or name of a remote-execution setup, "the spec" says what it is, and the SGLang
-wheel folder is ignored by git."""
+particular machine or name of a remote-execution setup, no fact that rests on a machine or a source
+the reader cannot see ("the GPU machine", "the design review"), "the spec" says what it is, a plot
+command names a data file that ships, the measured test count is stated once per page, and the
+SGLang wheel folder is ignored by git."""
 
 import re
 import subprocess
@@ -21,6 +23,24 @@ FORBIDDEN = (
     "nvidia-h200",
     "carry `[",
     '"carry"',
+)
+# Sources and machines no reader can open or name: in every text file of the repository ...
+UNSEEN_SOURCES = (
+    "the GPU machine",
+    "design review",
+    "design notes",
+    "user's report",
+    "not available here",
+)
+# ... and, in the docs, the machine a sentence was written on.
+UNSEEN_MACHINES = (
+    "this machine",
+    "that machine",
+    "GPU machine",
+    "no GPU here",
+    "run here",
+    "measured here",
+    "available here",
 )
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CITED_PATH = re.compile(r"`((?:python|test|docs|benchmark|\.ci)/[^`\s*]+)`")
@@ -85,17 +105,59 @@ def test_every_repository_path_the_docs_cite_exists(doc):
         assert (ROOT / cited.rstrip("/.,:")).exists(), f"{doc.name} cites {cited}"
 
 
+TEXT_FILES = [
+    path
+    for path in repo_files(".md", ".py", ".sh", ".toml", ".cfg", ".txt", ".yaml", ".json", ".log")
+    if path.resolve() != Path(__file__).resolve()
+]
+# The docs a reader reads, without the recorded tool output under docs/data.
+PAGES = [path for path in MARKDOWN if "data" not in path.relative_to(ROOT).parts[:-1]]
+
+
+def _occurrences(paths, words, *, ignore_case=False):
+    found = []
+    for path in paths:
+        text = path.read_text()
+        text = text.lower() if ignore_case else text
+        found += [
+            f"{path.relative_to(ROOT)}: {word}"
+            for word in words
+            if (word.lower() if ignore_case else word) in text
+        ]
+    return found
+
+
 def test_no_machine_paths_or_remote_execution_names():
     """In docs, READMEs, scripts, docstrings, help text and the recorded tool output under
     docs/data (the repository's text files)."""
-    this = Path(__file__).resolve()
-    found = []
-    for path in repo_files(".md", ".py", ".sh", ".toml", ".cfg", ".txt", ".yaml", ".json", ".log"):
-        if path.resolve() == this:
-            continue
-        text = path.read_text()
-        found += [f"{path.relative_to(ROOT)}: {word}" for word in FORBIDDEN if word in text]
+    assert _occurrences(TEXT_FILES, FORBIDDEN) == []
+
+
+def test_no_fact_rests_on_a_source_or_machine_the_reader_cannot_see():
+    """A fact says what it is and where it comes from (a command, a file of the repository, a place
+    in SGLang's source), not "the design review" or "the GPU machine"; the docs do not speak from
+    the machine they were written on ("this machine", "not available here")."""
+    found = _occurrences(TEXT_FILES, UNSEEN_SOURCES, ignore_case=True)
+    found += _occurrences(PAGES, UNSEEN_MACHINES, ignore_case=True)
     assert found == []
+
+
+@pytest.mark.parametrize("doc", MARKDOWN, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_plot_command_draws_from_a_data_file_that_ships(doc):
+    """``--plot-from FILE`` as a reader would paste it, from the top of the checkout; an upper-case
+    name (``DATA.json``) is the option's placeholder in prose."""
+    for name in re.findall(r"--plot-from\s+(?:\\\s+)?([^\s`]+)", doc.read_text()):
+        if Path(name).stem.isupper():
+            continue
+        assert (ROOT / name).is_file(), f"{doc.name}: --plot-from {name} is not in the repository"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/testing.md"])
+def test_the_measured_test_count_is_stated_once(doc):
+    """One sentence per page carries the measured CPU run, so that one edit updates it."""
+    text = (ROOT / doc).read_text()
+    assert len(re.findall(r"\b\d[\d,]* passed\b", text)) == 1
+    assert not re.search(r"\b\d[\d,]* tests\b", text), "a second, unmeasured count"
 
 
 @pytest.mark.parametrize(

@@ -174,8 +174,10 @@ def test_checks_are_tabled_with_their_timings(monkeypatch, capsys):
         (SelfCheck("kernel-a", lambda device: CheckResult(True, "identical", 1.25, 7.5)),),
     )
     assert main() == 0
-    [row] = [line.split() for line in capsys.readouterr().out.splitlines() if "kernel-a" in line]
-    assert row == ["kernel-a", "ok", "1.2", "7.5", "identical"]
+    out = capsys.readouterr().out.splitlines()
+    [at] = [i for i, line in enumerate(out) if "kernel-a" in line]
+    assert out[at].split() == ["kernel-a", "ok", "1.2", "7.5"]
+    assert out[at + 1] == "    identical", "the detail below its row"
 
 
 def test_a_failed_check_makes_the_exit_status_1(monkeypatch, capsys):
@@ -212,11 +214,15 @@ def test_the_command_names_a_local_build_of_the_tested_version_tested(
 
 
 def live_width_rows(out: str) -> dict[str, str]:
+    """The live_width table's rows, each part's wrapped cell joined again."""
     start = out.index("live_width part")
-    rows = {}
+    rows, change = {}, None
     for line in out[start:].splitlines()[1:]:
         if not line.strip():
             break
+        if line.startswith("   "):  # the last cell continued under its start
+            rows[change] += " " + line.strip()
+            continue
         change, _, rest = line.strip().partition("  ")
         rows[change] = " ".join(rest.split())
     return rows
@@ -229,7 +235,7 @@ def test_the_command_says_what_the_live_width_switch_engages(monkeypatch, capsys
     monkeypatch.setenv("SGLANG_DSA_BOUNDED_REPLAY_METADATA", "0")
     assert main() == 0
     rows = live_width_rows(capsys.readouterr().out)
-    assert rows["verify tree mask QLEN_ONLY, not read (DSA target)"].startswith("yes")
+    assert rows["verify mask QLEN_ONLY, not read (target)"].startswith("yes")
     assert rows["no wide page_table_1: target, draft extend"] == "no SGLANG_OPT_USE_TOPK_V2=0"
     assert rows["no wide page_table_1: MTP draft steps"] == (
         "no SGLANG_OPT_USE_TOPK_V2=0; SGLANG_DSA_BOUNDED_REPLAY_METADATA=0"
@@ -252,3 +258,76 @@ def test_the_live_width_parts_are_not_listed_when_the_switch_is_off(monkeypatch,
     monkeypatch.setenv("SGLANG_DSA_LIVE_WIDTH", "0")
     assert main() == 0
     assert "live_width part" not in capsys.readouterr().out
+
+
+# --- the screen: every line of the status and the self-checks fits 100 columns -------------------
+
+LONG_DETAIL = (
+    "decode + verify + draft extend, bs 16, width 1048640, random lengths: bit-identical (times: "
+    "the three ops together), and a token longer than a line: " + "x" * 120
+)
+
+
+def assert_fits(out: str) -> None:
+    wide = [(len(line), line) for line in out.splitlines() if len(line) > 100]
+    assert wide == [], f"{len(wide)} lines wider than 100 columns, the widest {max(wide)[0]}"
+
+
+@pytest.mark.parametrize(
+    "platform, env",
+    [
+        ("cpu", {}),
+        ("cuda", {}),
+        ("cuda", {"SGLANG_OPT_USE_TOPK_V2": "0", "SGLANG_DSA_BOUNDED_REPLAY_METADATA": "no"}),
+        ("cuda", {"SGLANG_DSA_LIVE_WIDTH": "maybe", "SGLANG_PLUGINS": "some_other_plugin"}),
+    ],
+    ids=["cpu", "cuda", "cuda-top-k-v1-bounded-off", "cuda-invalid-switch-plugin-left-out"],
+)
+def test_every_status_line_fits_100_columns(
+    platform, env, fresh_switches, monkeypatch, capsys, set_platform, triton_release
+):
+    """The longest texts the status prints: a CUDA platform's live_width conditions, the JIT-path
+    launch plans, an invalid switch value, SGLang's loader leaving the plugin out."""
+    triton_release("3.9.0")
+    set_platform(cuda=platform == "cuda", hip=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    main(["--no-checks"])
+    out = capsys.readouterr().out
+    assert "launch plans" in out and "kill switch" in out
+    assert_fits(out)
+
+
+def test_an_untested_sglang_fits_100_columns(monkeypatch, capsys):
+    from sglang_dsa_mtp import plugin
+
+    monkeypatch.setattr(plugin, "sglang_version", lambda: "0.6.0.dev20261201+cu130")
+    main(["--no-checks"])
+    out = capsys.readouterr().out
+    assert "NOT tested" in out
+    assert_fits(out)
+
+
+def test_every_self_check_line_fits_100_columns(monkeypatch, capsys):
+    """The shipped checks' names, with GPU-length details and timings."""
+    monkeypatch.setattr(
+        selfchecks,
+        "CHECKS",
+        tuple(
+            SelfCheck(check.name, lambda device: CheckResult(True, LONG_DETAIL, 123.25, 1585.75))
+            for check in selfchecks.CHECKS
+        ),
+    )
+    assert main() == 0
+    out = capsys.readouterr().out
+    assert_fits(out)
+    start = out.index("self-check ")
+    table = out[start:].splitlines()
+    assert table[1].split() == [selfchecks.CHECKS[0].name.split()[0], *table[1].split()[1:]]
+    assert table[1].split()[-3:] == ["ok", "123.2", "1585.8"]
+    detail = []
+    for line in table[2:]:
+        if not line.startswith("    "):
+            break
+        detail.append(line.strip())
+    assert " ".join(detail).replace("x ", "x") == LONG_DETAIL, "the detail, wrapped below its row"

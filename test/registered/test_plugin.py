@@ -91,6 +91,12 @@ def plugin_warnings(caplog):
     ]
 
 
+def start_up_line(caplog) -> str:
+    """register()'s one INFO line."""
+    [info] = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    return info
+
+
 # --- discovery by SGLang's own loader --------------------------------------------------------------
 
 
@@ -367,9 +373,41 @@ def test_register_logs_which_features_are_on_at_info(fresh_plugin, caplog):
     use_hooks(fresh_plugin, PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK))
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         plugin.register()
-    [info] = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    info = start_up_line(caplog)
     assert "bounded_replay_metadata on (default on)" in info
     assert "draft_argmax_exchange off (SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE=0)" in info
+
+
+@pytest.mark.parametrize(
+    "release, path",
+    [
+        ("3.6.0", "launch plans: direct (Triton 3.6.0's compiled-kernel launcher, read for 3.4,"),
+        (
+            "3.9.0",
+            "launch plans: JIT path at every call (Triton 3.9.0: the compiled-kernel launcher",
+        ),
+    ],
+)
+def test_the_start_up_line_says_which_launch_the_launch_plans_make(
+    release, path, fresh_plugin, caplog, triton_release
+):
+    """Read from the launch module's own flag, as a process with that Triton release imports it."""
+    triton_release(release)
+    use_hooks(fresh_plugin, PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK))
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        plugin.register()
+    assert path in start_up_line(caplog)
+
+
+def test_with_the_bounded_kernels_off_the_start_up_line_names_no_launch_plan(
+    fresh_plugin, caplog, triton_release
+):
+    triton_release("3.9.0")
+    use_hooks(fresh_plugin, PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK))
+    fresh_plugin.setenv(BOUNDED_REPLAY_METADATA.env, "0")
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        plugin.register()
+    assert "launch plans" not in start_up_line(caplog)
 
 
 def test_register_never_raises_into_sglang(fresh_plugin, caplog):

@@ -1,5 +1,6 @@
 """What ``python -m sglang_dsa_mtp`` says about where the changes engage: the indexer's chunking
-thresholds per GPU and EAGLE launch, and the SM100 split path."""
+thresholds per GPU and EAGLE launch, the SM100 split path, and which launch the launch plans make
+under the installed Triton."""
 
 import pytest
 
@@ -46,3 +47,32 @@ def test_sm100_target_verify_engages_only_with_sglangs_torch_logits(
 
 def test_without_a_gpu_the_h200_is_the_example():
     assert "the GPU's SMs (132 on an H200)" in status.indexer_engagement(None)
+
+
+@pytest.mark.parametrize(
+    "release, path",
+    [
+        ("3.6.0", "direct (Triton 3.6.0's compiled-kernel launcher"),
+        ("3.8.0+git1234abcd", "direct (Triton 3.8.0+git1234abcd's compiled-kernel launcher"),
+        ("3.9.0", "JIT path at every call (Triton 3.9.0: the compiled-kernel launcher is read for"),
+        ("3.3.1", "JIT path at every call (Triton 3.3.1: the compiled-kernel launcher is read for"),
+    ],
+)
+def test_the_status_says_which_launch_the_launch_plans_make(
+    release, path, triton_release, set_platform
+):
+    """Read from the launch module's own flag, as a process with that Triton release imports it."""
+    triton_release(release)
+    set_platform(cuda=True, hip=False)
+    rows, _ = status.installation_rows("cuda (a GPU)")
+    assert dict(rows)["launch plans"].startswith(path)
+
+
+def test_without_cuda_the_status_says_no_launch_plan_is_used(triton_release, set_platform):
+    triton_release("3.9.0")
+    set_platform(cuda=False, hip=False)
+    rows, _ = status.installation_rows("cpu, through Triton's interpreter")
+    assert dict(rows)["launch plans"].startswith(
+        "not used here, not a CUDA platform (no CUDA device); on CUDA: JIT path at every call "
+        "(Triton 3.9.0"
+    )

@@ -1,7 +1,8 @@
 """Indexer paged-MQA logits scenarios: SGLang's chunked concat against the live-column copy.
 
 Everything SGLang-side here is SGLang 0.5.23's own code, loaded from its files without importing the
-``sglang`` package (:mod:`sglang_dsa_mtp.testing.reference`), so it runs on the GPU machine too:
+``sglang`` package (:mod:`sglang_dsa_mtp.testing.reference`), so it runs on a CUDA machine without
+SGLang's dependencies too:
 
 - :func:`sglang_split`: ``deepgemm_paged_mqa_logits_split`` (``kernels/ops/attention/dsa/paged_mqa_logits.py``);
 - :func:`sglang_chunked_closure`: the ``_chunked_fp8_paged_mqa_logits`` closure of

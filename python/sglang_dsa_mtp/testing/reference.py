@@ -178,8 +178,8 @@ def speculative_module(name: str) -> types.ModuleType:
     """``sglang/kernels/ops/speculative/<name>.py`` (``eagle``: the chain-tree kernel, ``spec_tree``:
     the tree builder and greedy verify, ``cache_locs``: the verify cache locations), bound to SGLang's
     Triton implementations (its XPU branch): SGLang's CUDA tree kernels are JIT builds that need
-    SGLang's build tools. Where SGLang is not installed (the GPU machine), the platform helpers these
-    files import are served by stand-ins."""
+    SGLang's build tools. Where SGLang is not installed (only its files, from the wheel), the
+    platform helpers these files import are served by stand-ins."""
     try:
         metadata.version("sglang")
         stand_ins = None

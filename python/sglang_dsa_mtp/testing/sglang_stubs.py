@@ -1,7 +1,7 @@
 """Stand-ins for SGLang's native dependencies that the GPU TP harness never calls (test support only).
 
-The GPU machine has torch, triton and CUDA's compiler but none of SGLang's native kernel packages, and
-nothing can be installed there from the network. Importing SGLang's TP group, ``LogitsProcessor``,
+A CUDA machine with only torch, triton and CUDA's compiler has none of SGLang's native kernel
+packages, and may have no network to install them from. Importing SGLang's TP group, ``LogitsProcessor``,
 ``ParallelLMHead`` and the modules the plugin hooks (the EAGLE v2 worker, the DSA backend) on CUDA
 imports ``sgl_kernel`` at module level (quantization schemes, KV-cache I/O, scalar types), though the
 path the harness runs (the TP group's communicators, the LM-head GEMM, the logits gather, the plugin's

@@ -7,7 +7,8 @@ and at least ``input_len`` entries. A key's first call goes through ``JITFunctio
 call the compiled kernel's launcher directly, tensors as ``data_ptr()``: ``run(grid_x, grid_y,
 grid_z, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook,
 *every_parameter_value)``, Triton's private interface, read for Triton 3.4 to 3.8
-(:data:`DIRECT_LAUNCH_TRITON`); other Tritons and the interpreter always take the JIT path. Buffers
+(:data:`DIRECT_LAUNCH_TRITON`); other Tritons and the interpreter always take the JIT path, which
+:func:`launch_path` says in words (``python -m sglang_dsa_mtp`` and the plugin's start-up line). Buffers
 resized or re-pointed in place under a live plan are not supported. :func:`warm_up` compiles a
 call's variant on :func:`specialization_twin` buffers. Details: docs/switches.md, "Host time".
 """
@@ -33,7 +34,20 @@ def _triton_release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("+")[0].split(".")[:2] if part.isdigit())
 
 
-DIRECT_LAUNCH = _triton_release(triton.__version__) in DIRECT_LAUNCH_TRITON
+TRITON_VERSION = triton.__version__  # the installed release, as read at import
+DIRECT_LAUNCH = _triton_release(TRITON_VERSION) in DIRECT_LAUNCH_TRITON
+
+
+def launch_path() -> str:
+    """Which launch the plans make under the installed Triton (:data:`DIRECT_LAUNCH`, read when
+    this module was imported), in words."""
+    known = ", ".join(".".join(map(str, release)) for release in DIRECT_LAUNCH_TRITON)
+    if DIRECT_LAUNCH:
+        return f"direct (Triton {TRITON_VERSION}'s compiled-kernel launcher, read for {known})"
+    return (
+        f"JIT path at every call (Triton {TRITON_VERSION}: the compiled-kernel launcher is read "
+        f"for {known} only; the same kernels, with Triton's per-call dispatch on the host)"
+    )
 
 
 class _Plan:

@@ -8,9 +8,10 @@ SM count, what SGLang's ``Indexer.sm_count`` is). Each figure is microseconds pe
 replays (``test.timing.cuda_graph_time_us``: 20 calls per graph, median of 30 replays, cold L2 unless
 ``--hot-l2``).
 
-DeepGEMM is not on the GPU machine. Its ``fp8_paged_mqa_logits`` is stood in for by a function that
-allocates its output the way DeepGEMM does (``[rows, align(width, 256)]`` fp32, viewed ``[:, :width]``)
-and writes the live columns as DeepGEMM does, in whole 64-token KV blocks (a ``fill_`` of
+DeepGEMM comes with SGLang's CUDA dependencies, which this benchmark runs without. Its
+``fp8_paged_mqa_logits`` is stood in for by a function that allocates its output the way DeepGEMM
+does (``[rows, align(width, 256)]`` fp32, viewed ``[:, :width]``) and writes the live columns as
+DeepGEMM does, in whole 64-token KV blocks (a ``fill_`` of
 ``[:, :64 * cdiv(live, 64)]``): the bytes DeepGEMM writes, none of its arithmetic
 (``test.indexer_cases.StandInCall``). Its chunk schedule is a ``[sm_count + 1, 2]`` buffer.
 

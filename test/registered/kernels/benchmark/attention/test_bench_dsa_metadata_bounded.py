@@ -1,7 +1,8 @@
 """The replay-metadata benchmark's plot, drawn on the CPU from a ``--json`` file.
 
 ``fixtures/replay-metadata-sweep.json`` has the shape ``--json`` writes for the sweep of the plot
-(decode and target verify, live 1k to 1M, bs 1 and 16), with made-up numbers.
+(decode and target verify, live 1k to 1M, bs 1 and 16), with made-up numbers. The sweep that ships
+with the docs (``docs/data/h200/replay-metadata-sweep.json``) is drawn as docs/results.md says.
 """
 
 import json
@@ -15,6 +16,7 @@ from sglang_dsa_mtp.testing.scripts import load_script
 
 HERE = Path(__file__).parent
 SWEEP = HERE / "fixtures" / "replay-metadata-sweep.json"
+SHIPPED_SWEEP = HERE.parents[4] / "docs" / "data" / "h200" / "replay-metadata-sweep.json"
 FLOOR = "floor: launch gap + bytes / bandwidth"
 bench = load_script(HERE / "bench_dsa_metadata_bounded.py")
 
@@ -37,6 +39,14 @@ def test_plot_from_a_json_file_writes_a_png_without_a_gpu(tmp_path, capsys):
     height, width, _ = imread(out).shape
     assert width > 1000 and height > 600
     assert capsys.readouterr().out == f"plot: {out}\n"
+
+
+def test_the_shipped_sweep_draws_one_panel_per_op_and_batch_size():
+    fig = bench.plot_sweep(json.loads(SHIPPED_SWEEP.read_text()))
+    ops = ("decode", "target verify", "draft extend")
+    assert [ax.get_title() for ax in fig.axes] == [
+        f"{op}, bs {bs}" for op in ops for bs in (1, 4, 16, 32, 48)
+    ]
 
 
 def test_one_panel_per_op_and_batch_size_with_each_arm_against_the_live_length(sweep):

@@ -11,9 +11,9 @@ Arms (``sglang_dsa_mtp.testing.verify_tree``, SGLang's kernels loaded from its f
   ``bs x max_context_len x draft tokens`` bools (plus the tree cells), allocates the retrieve and
   position buffers, concatenates the tokens and builds the tree; ``eagle_prepare_for_verify`` then
   assigns the verify cache locations (``assign_extend_cache_locs_uniform_func``). SGLang's tree
-  builder on CUDA is a JIT build that cannot be made on the GPU machine (no SGLang dependencies):
-  its Triton builder (SGLang's XPU path, the same tree) stands in for it. The mask fill, the same
-  as SGLang's, dominates.
+  builder on CUDA is a JIT build that needs SGLang's CUDA dependencies, which this benchmark runs
+  without: its Triton builder (SGLang's XPU path, the same tree) stands in for it. The mask fill,
+  the same as SGLang's, dominates.
 * ``ours``: SGLang's fused ``build_chain_tree`` (its path for a QLEN_ONLY mask with topk 1) into the
   preallocated ``max bs x draft tokens^2`` mask, which also returns the cache locations.
 

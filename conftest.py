@@ -126,19 +126,11 @@ def sglang_targets_restored(monkeypatch):
 
 
 @pytest.fixture
-def hooked(fresh_switches, monkeypatch, set_platform, sglang_targets_restored):
+def hooked(fresh_switches, monkeypatch, sglang_targets_restored):
     """SGLang's ``load_plugins()`` has run our ``register()`` with the real tables and applied the
-    hooks, on a CUDA platform; everything is restored afterwards (``sglang_targets_restored``)."""
-    import sglang.srt.plugins
-    from sglang.srt.plugins.hook_registry import HookRegistry
+    hooks, on a CUDA platform (``dsa_backends.load_plugin``); everything is restored afterwards
+    (``sglang_targets_restored``)."""
+    from sglang_dsa_mtp.testing.dsa_backends import load_plugin
 
-    from sglang_dsa_mtp import plugin
-
-    monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
-    monkeypatch.setattr(HookRegistry, "_patched", set())
-    monkeypatch.setattr(sglang.srt.plugins, "_plugins_loaded", False)
-    monkeypatch.setattr(plugin, "_status", None)
-    monkeypatch.setenv("SGLANG_PLUGINS", plugin.ENTRY_POINT)
-    sglang.srt.plugins.load_plugins()
-    set_platform(cuda=True, hip=False)
+    load_plugin(monkeypatch)
     return monkeypatch

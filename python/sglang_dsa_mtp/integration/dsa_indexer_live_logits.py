@@ -60,13 +60,11 @@ def sglang_closure(fn) -> Optional[_Closure]:
     return _Closure(sm_count, blocksize, resolve)
 
 
-def _why_not_live(closure, q_fp8, ctx_lens_2d, max_seq_len, q_offset, shape) -> Optional[str]:
+def _why_not_live(closure, q_fp8, ctx_lens_2d, max_seq_len, q_offset) -> Optional[str]:
     """Why a call that SGLang chunks keeps SGLang's concat, or None when the live copy applies."""
     blocker = LIVE_WIDTH.blocker()
     if blocker is not None:
         return blocker
-    if shape in _FAILED:
-        return f"this call shape failed before ({_FAILED[shape]})"
     if closure is None:
         return "the logits function is not SGLang 0.5.23's _chunked_fp8_paged_mqa_logits closure"
     if q_fp8.dim() != 3:
@@ -102,11 +100,13 @@ def _live_logits(
 ) -> Optional[torch.Tensor]:
     """The split function's result through the live copy, or None where SGLang's path runs."""
     shape = (q_offset, max_seq_len, str(getattr(q_fp8, "device", None)))
+    if shape in _FAILED:
+        return None  # SGLang's path for good, said once at ERROR when this shape failed
     try:
         closure = sglang_closure(fp8_paged_mqa_logits_fn)
         if closure is not None and q_offset <= closure.sm_count:
             return None  # one logits call, no concat to remove
-        reason = _why_not_live(closure, q_fp8, ctx_lens_2d, max_seq_len, q_offset, shape)
+        reason = _why_not_live(closure, q_fp8, ctx_lens_2d, max_seq_len, q_offset)
     except Exception as exc:  # never take the server down: SGLang's path stays
         reason = f"the gate raised {type(exc).__name__}: {exc}"
     if reason is not None:

@@ -10,12 +10,13 @@ server: what a server process does before and while it replays its graphs, minus
   :func:`draft_backends` build the backends as SGLang does (the target through its attention
   registry, the draft-extend and multi-step backends through its ``DraftBackendFactory``).
 - :class:`StandIns` (installed by :func:`cuda_stand_ins`) replaces only what needs SGLang's native
-  or JIT kernels: DeepGEMM's paged-MQA schedule, SGLang's JIT top-k v2 plan, FlashMLA's tile
-  metadata, the device capability, and on the CPU SGLang's three replay-metadata kernels (the same
-  files with their ``assert tensor.is_cuda`` compiled out, run by Triton's interpreter) and its JIT
-  metadata copies (made to raise: SGLang then copies with torch). Each is a
-  deterministic torch function of every input value, and counts its calls. ``dsa_backend`` is told
-  it runs on CUDA, so SGLang's CUDA code paths (its drop decision, its fused replay metadata) run.
+  or JIT kernels: DeepGEMM's paged-MQA schedule and SM count, SGLang's JIT top-k v2 plan, FlashMLA's
+  tile metadata and SGLang's JIT metadata copies (made to raise: SGLang then copies with torch); off
+  a GPU also the device capability and SGLang's three replay-metadata kernels (the same files with
+  their ``assert tensor.is_cuda`` compiled out, run by Triton's interpreter). Each is a
+  deterministic torch function of every input value, and counts its calls. Off a GPU ``dsa_backend``
+  is told it runs on CUDA, so SGLang's CUDA code paths (its drop decision, its fused replay
+  metadata) run there too.
 - :func:`capture` and :func:`replay` call the backends' graph entry points with the forward batches
   SGLang's graph runners hand them; :func:`read_buffers`, :func:`metadata_tensors`, :func:`poison`
   and :func:`graph_state_bytes` read what a backend's graph state holds.
@@ -184,6 +185,14 @@ class StandIns:
         plan = torch.cat([body, tail]).int()
         return plan if out is None else out.copy_(plan)
 
+    def quiet_print(self, *args, **kwargs) -> None:
+        """``print`` in SGLang's DSA modules: the warning of a JIT metadata copy that stands aside is
+        counted, anything else printed."""
+        if args and "etadata copy kernel" in str(args[0]):
+            self.calls["jit metadata copy"] += 1
+        else:
+            print(*args, **kwargs)
+
     def flashmla(self, backend, cache_seqlens: torch.Tensor, seq_len_q: int):
         """FlashMLA's tile metadata: ``num_splits`` ``[len + 1]`` and ``[8, 8]`` tile data."""
         from sglang.srt.layers.attention.dsa_backend import DSAFlashMLAMetadata
@@ -198,16 +207,32 @@ class StandIns:
         )
 
 
-def cuda_stand_ins(monkeypatch, *, sms: int = SMS) -> StandIns:
-    """SGLang's native and JIT leaves replaced for one test (and, off a GPU, its replay-metadata
-    kernels by their interpreter-ready copies); ``dsa_backend`` runs its CUDA paths."""
+def cuda_stand_ins(monkeypatch, *, sms: int | None = None) -> StandIns:
+    """SGLang's native and JIT leaves replaced for one test or run, on any device; ``dsa_backend``
+    then runs its CUDA paths:
+
+    - DeepGEMM's paged-MQA schedule and SM count (``resolve_paged_mqa_logits_metadata_fn``,
+      ``resolve_num_sms``): :meth:`StandIns.schedule`, and ``sms`` (default: the CUDA device's SM
+      count, else :data:`SMS`);
+    - SGLang's JIT top-k v2 plan (``plan_topk_v2``) and FlashMLA's tile metadata
+      (``_compute_flashmla_metadata``): :meth:`StandIns.topk_plan`, :meth:`StandIns.flashmla`;
+    - SGLang's JIT metadata copies (``fused_metadata_copy_cuda`` / ``fused_metadata_copy_multi_cuda``,
+      built with nvcc on first use): they raise, and SGLang takes its own fallback (torch copies, every
+      step backend's indexer plans refreshed); the warning SGLang prints at each such call is counted
+      (``calls["jit metadata copy"]``) instead of printed;
+    - off a GPU only: the device capability (9, 0), ``dsa_backend.is_cuda``, and SGLang's three
+      replay-metadata kernels (its own files with their ``assert tensor.is_cuda`` compiled out, run by
+      Triton's interpreter).
+    """
+    import sglang.kernels.ops.attention.dsa.fused_metadata_copy as metadata_copy
     import sglang.kernels.ops.attention.dsv4.topk as topk_v2
     import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
     import sglang.srt.layers.attention.dsa_backend as dsa_backend
 
     stand_ins = StandIns()
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args, **kwargs: (9, 0))
-    monkeypatch.setattr(dsa_backend, "is_cuda", lambda: True)
+    on_gpu = torch.cuda.is_available()
+    if sms is None:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else SMS
     monkeypatch.setattr(dsa_backend, "resolve_num_sms", lambda: sms)
     monkeypatch.setattr(
         dsa_backend, "resolve_paged_mqa_logits_metadata_fn", lambda: stand_ins.schedule
@@ -218,20 +243,22 @@ def cuda_stand_ins(monkeypatch, *, sms: int = SMS) -> StandIns:
         "_compute_flashmla_metadata",
         lambda self, cache_seqlens, seq_len_q: stand_ins.flashmla(self, cache_seqlens, seq_len_q),
     )
-    if not torch.cuda.is_available():
-        import sglang.kernels.ops.attention.dsa.fused_metadata_copy as metadata_copy
-
+    for name in ("fused_metadata_copy_cuda", "fused_metadata_copy_multi_cuda"):
+        monkeypatch.setattr(metadata_copy, name, _no_jit_kernel)
+    for module in (manager, dsa_backend):
+        monkeypatch.setattr(module, "print", stand_ins.quiet_print, raising=False)
+    if not on_gpu:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args, **kwargs: (9, 0))
+        monkeypatch.setattr(dsa_backend, "is_cuda", lambda: True)
         kernels = metadata_module(strip_asserts=True)
         for name in SGLANG_METADATA_KERNELS:
             monkeypatch.setattr(manager, name, getattr(kernels, name))
-        for name in ("fused_metadata_copy_cuda", "fused_metadata_copy_multi_cuda"):
-            monkeypatch.setattr(metadata_copy, name, _no_jit_kernel)
     return stand_ins
 
 
 def _no_jit_kernel(*args, **kwargs):
-    """SGLang's JIT metadata copy off a GPU: it raises, and SGLang copies per step backend."""
-    raise RuntimeError("SGLang's JIT kernels need a GPU")
+    """SGLang's JIT metadata copy: it raises, and SGLang copies per step backend with torch."""
+    raise RuntimeError("SGLang's JIT metadata copies stand aside in this harness")
 
 
 def set_platform(monkeypatch, *, cuda: bool, hip: bool) -> None:
@@ -247,6 +274,26 @@ def set_platform(monkeypatch, *, cuda: bool, hip: bool) -> None:
     else:
         blocker = None if cuda else "not a CUDA platform (no CUDA device)"
     monkeypatch.setattr(devices, "cuda_blocker", lambda: blocker)
+
+
+def load_plugin(monkeypatch) -> None:
+    """What a server process does at start-up, on a CUDA platform as the plugin's gates see it:
+    SGLang's ``load_plugins()`` runs this plugin's ``register()`` with its real tables and SGLang's
+    ``HookRegistry`` applies the hooks. SGLang's loader state is emptied first (through
+    ``monkeypatch``), so that every call applies the hooks afresh; undoing ``monkeypatch`` does not
+    unapply them (the tests' ``sglang_targets_restored`` fixture does)."""
+    import sglang.srt.plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_dsa_mtp import plugin
+
+    monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    monkeypatch.setattr(sglang.srt.plugins, "_plugins_loaded", False)
+    monkeypatch.setattr(plugin, "_status", None)
+    monkeypatch.setenv("SGLANG_PLUGINS", plugin.ENTRY_POINT)
+    sglang.srt.plugins.load_plugins()
+    set_platform(monkeypatch, cuda=True, hip=False)
 
 
 def graph_batch(bs: int, mode, *, seq_lens, req_pool_indices, device="cpu"):

@@ -12,9 +12,10 @@ server: what a server process does before and while it replays its graphs, minus
 - :class:`StandIns` (installed by :func:`cuda_stand_ins`) replaces only what needs SGLang's native
   or JIT kernels: DeepGEMM's paged-MQA schedule, SGLang's JIT top-k v2 plan, FlashMLA's tile
   metadata, the device capability, and on the CPU SGLang's three replay-metadata kernels (the same
-  files with their ``assert tensor.is_cuda`` compiled out, run by Triton's interpreter) and its JIT
-  metadata copies (made to raise: SGLang then copies with torch). Each is a
-  deterministic torch function of every input value, and counts its calls. ``dsa_backend`` is told
+  files with their ``assert tensor.is_cuda`` compiled out, run by Triton's interpreter) and the
+  loaders of its JIT metadata copies (each load recorded, in ``jit_loads``; the modules they return
+  raise when called: SGLang then copies with torch). Each is a deterministic torch function of
+  every input value, and counts its calls. ``dsa_backend`` is told
   it runs on CUDA, so SGLang's CUDA code paths (its drop decision, its fused replay metadata) run.
 - :func:`capture` and :func:`replay` call the backends' graph entry points with the forward batches
   SGLang's graph runners hand them; :func:`read_buffers`, :func:`metadata_tensors`, :func:`poison`
@@ -164,6 +165,19 @@ class StandIns:
 
     def __init__(self):
         self.calls: collections.Counter = collections.Counter()
+        self.jit_loads: list[tuple] = []  # (loader name, its arguments) of each JIT module load
+
+    def jit_module(self, loader: str):
+        """A loader of SGLang's JIT metadata copies: records the load; the module's kernels raise,
+        as SGLang's JIT kernels do off a GPU."""
+
+        def load(*args):
+            self.jit_loads.append((loader, args))
+            return SimpleNamespace(
+                fused_metadata_copy=_no_jit_kernel, fused_metadata_copy_multi=_no_jit_kernel
+            )
+
+        return load
 
     def schedule(self, context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
         """DeepGEMM's ``get_paged_mqa_logits_metadata``: ``[num_sms + 1, 2]`` int32."""
@@ -224,8 +238,8 @@ def cuda_stand_ins(monkeypatch, *, sms: int = SMS) -> StandIns:
         kernels = metadata_module(strip_asserts=True)
         for name in SGLANG_METADATA_KERNELS:
             monkeypatch.setattr(manager, name, getattr(kernels, name))
-        for name in ("fused_metadata_copy_cuda", "fused_metadata_copy_multi_cuda"):
-            monkeypatch.setattr(metadata_copy, name, _no_jit_kernel)
+        for name in ("_jit_fused_metadata_copy_module", "_jit_fused_metadata_copy_multi_module"):
+            monkeypatch.setattr(metadata_copy, name, stand_ins.jit_module(name))
     return stand_ins
 
 

@@ -7,10 +7,12 @@ tests run every call twice, the second through the plan, against SGLang's kernel
 """
 
 import gc
+import importlib.util
 from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
 
 from sglang_dsa_mtp.kernels.ops import launch
 from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans, specialization_twin
@@ -141,19 +143,37 @@ def test_a_triton_release_outside_the_known_launchers_takes_the_jit_path(inputs,
     assert kernel.compiled.launches == []
 
 
+@pytest.fixture
+def launch_under(monkeypatch):
+    """``launch_under(version)``: a fresh copy of the launch module, imported while Triton reports
+    that release (the module in use is left as it is)."""
+
+    def load(version):
+        monkeypatch.setattr(triton, "__version__", version)
+        spec = importlib.util.spec_from_file_location("_launch_under_test", launch.__file__)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
 @pytest.mark.parametrize(
-    "version, known",
+    "version, direct",
     [
-        ("3.4.0", True),
-        ("3.6.0", True),
-        ("3.8.0+git1234abcd", True),
         ("3.3.1", False),
+        ("3.4.0", True),
+        ("3.5.1", True),
+        ("3.6.0", True),
+        ("3.7.0", True),
+        ("3.8.0+git1234abcd", True),
         ("3.9.0", False),
+        ("3.10.0", False),
         ("4.0.0", False),
     ],
 )
-def test_the_direct_launch_gate_reads_the_major_and_minor_release(version, known):
-    assert (launch._triton_release(version) in launch.DIRECT_LAUNCH_TRITON) is known
+def test_plans_launch_directly_on_triton_3_4_to_3_8_only(launch_under, version, direct):
+    assert launch_under(version).DIRECT_LAUNCH is direct
 
 
 def test_plans_past_the_cap_are_dropped_and_rebuilt(inputs, monkeypatch):

@@ -47,9 +47,10 @@ class Fallback:
     def warm_up(self, **kwargs) -> None:
         """Compile the variants that a call with these keyword arguments launches, ours and
         SGLang's, without writing any buffer of ``kwargs`` (:func:`launch.warm_up`'s twin buffers).
-        Outside CUDA-graph capture only. Ours raising sends ``kwargs["bs"]`` to SGLang's kernel, as
-        the replay would have; SGLang's raising is logged once and changes nothing (a replay that
-        falls back may then compile). Never raises."""
+        Ours raising sends ``kwargs["bs"]`` to SGLang's kernel, as the replay would have; SGLang's
+        raising is logged once and changes nothing (a replay that falls back may then compile).
+        Never raises. The caller checks that no CUDA graph is being captured (``launch.warm_up``
+        refuses to launch inside one, which would send the bs to SGLang's kernel)."""
         bs = kwargs.get("bs")
         try:
             warm_up(self.ours, **kwargs)

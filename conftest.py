@@ -60,26 +60,28 @@ def fresh_switches(monkeypatch):
 
 
 @pytest.fixture
-def triton_release():
-    """``triton_release("3.9.0")``: ``kernels.ops.launch`` re-executed as a process with that Triton
-    release imports it (``triton.__version__`` patched for the import only, so that the module's
-    own ``TRITON_VERSION`` and ``DIRECT_LAUNCH`` are read from it); returns the module. Afterwards
-    the module is re-executed under the real release."""
-    import importlib
+def triton_release(monkeypatch):
+    """``triton_release("3.9.0")``: a fresh copy of ``kernels.ops.launch``, imported while Triton
+    reports that release, and the module in use given that copy's ``TRITON_VERSION`` and
+    ``DIRECT_LAUNCH`` (what it reads from the release at import), restored after the test; returns
+    the copy. The module in use is never re-imported, so every reference to it stays valid."""
+    import importlib.util
 
     import triton
 
     from sglang_dsa_mtp.kernels.ops import launch
 
     def use(version: str):
-        real, triton.__version__ = triton.__version__, version
-        try:
-            return importlib.reload(launch)
-        finally:
-            triton.__version__ = real
+        with monkeypatch.context() as patch:
+            patch.setattr(triton, "__version__", version)
+            spec = importlib.util.spec_from_file_location("_launch_under_test", launch.__file__)
+            fresh = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(fresh)
+        monkeypatch.setattr(launch, "TRITON_VERSION", fresh.TRITON_VERSION)
+        monkeypatch.setattr(launch, "DIRECT_LAUNCH", fresh.DIRECT_LAUNCH)
+        return fresh
 
-    yield use
-    importlib.reload(launch)
+    return use
 
 
 # --- hook sites: SGLang's real plugin loader has applied our real tables ---------------------------

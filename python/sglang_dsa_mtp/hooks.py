@@ -145,7 +145,8 @@ HOOKS: tuple[PluginHook, ...] = (
     ),
     # Live width, CUDA-graph state: no wide page_table_1 where nothing reads it (SGLang's own drop,
     # its spec clause lifted), else one real_page_table per backend; the DSA target's verify tree
-    # mask QLEN_ONLY and not read (no bs x context FULL_MASK per round).
+    # mask QLEN_ONLY and not read (no bs x context FULL_MASK per round). The multi-step backend's
+    # graph state also drops the one launch's per-bs plans (bounded).
     PluginHook(
         _LIVE, f"{_DSA}.__init__", HookType.AFTER, f"{_OURS}.dsa_verify_mask:remember_runner"
     ),
@@ -162,7 +163,7 @@ HOOKS: tuple[PluginHook, ...] = (
         f"{_OURS}.dsa_graph_page_tables:capture_into_shared_real_table",
     ),
     PluginHook(
-        _LIVE,
+        _BOUNDED + _LIVE,
         f"{_MULTI_STEP}.init_cuda_graph_state",
         HookType.AROUND,
         f"{_OURS}.dsa_graph_page_tables:steps_graph_state",

@@ -9,8 +9,10 @@ Behind ``SGLANG_DSA_LIVE_WIDTH``, in speculative decoding; what SGLang's kernels
 
 Hooks: AROUND ``DeepseekSparseAttnBackend.init_cuda_graph_state`` (1, 2, 3) and BEFORE its
 ``_init_kpool_metadata_capture`` (2); AROUND the ``init_cuda_graph_state`` of
-``DeepseekSparseAttnMultiStepBackend`` (1, the step backends). Details: docs/switches.md, section
-"Live width: the verify tree mask and the graph page tables".
+``DeepseekSparseAttnMultiStepBackend`` (1, the step backends; and, for the bounded replay metadata
+too, the one owner of that method: it drops the MTP one launch's per-bs plans, which point at the
+graph state being replaced). Details: docs/switches.md, section "Live width: the verify tree mask
+and the graph page tables".
 """
 
 from __future__ import annotations
@@ -168,8 +170,11 @@ def why_steps_keep_wide_table(multi) -> str | None:
 
 
 def steps_graph_state(original, multi, *args, **kwargs):
-    """AROUND ``DeepseekSparseAttnMultiStepBackend.init_cuda_graph_state``: tell each step backend
-    whether the one-launch path owns the replay, then note whether any step lost its table."""
+    """AROUND ``DeepseekSparseAttnMultiStepBackend.init_cuda_graph_state``: forget the one launch's
+    plans of the graph state being replaced (each batch size is decided again at its capture), tell
+    each step backend whether the one-launch path owns the replay, then note whether any step lost
+    its table."""
+    state_of(multi, MultiStepState).batch_sizes.clear()
     try:
         reason = why_steps_keep_wide_table(multi)
     except Exception as exc:  # never take the server down: the steps keep their tables

@@ -121,7 +121,7 @@ def _live_logits(
     def whole_copy(why: str) -> None:  # this call stays right; later calls of the shape: SGLang's
         _FAILED[shape] = why
         log_once(
-            logging.ERROR,
+            logging.WARNING,
             ("live-logits-whole-copy", why),
             "sglang_dsa_mtp: a chunk of indexer logits was copied whole (%s); calls of %d rows "
             "x %d columns keep SGLang's concat from now on",

@@ -4,12 +4,13 @@ SGLang 0.5.23's ``DeepseekSparseAttnBackend._apply_cuda_graph_metadata`` builds 
 batch size the first time it sees it (``_build_forward_metadata_cuda_graph``, from the graph runner's
 ``init_forward_metadata_out_graph(..., in_capture=True)``, outside stream capture) and launches the
 replay-metadata kernel only at later calls: the first replay of each captured batch size, serving a
-request, would compile our kernel's variant. This AFTER hook, for a backend that uses the bounded
-kernels (``dsa_metadata_selection``), warms that variant up right away: the call SGLang's replay will
-make for this batch size and mode, made on twin buffers (``launch.warm_up``), never on
-the captured ones. A warm-up inside a stream capture is skipped (logged; the first replay then
-compiles); one that raises sends that batch size to SGLang's kernel (``fallback``: logged once at
-ERROR), as the replay would have.
+request, would compile our kernel's variant, and the first replay that falls back to SGLang's kernel
+SGLang's variant. This AFTER hook, for a backend that uses the bounded kernels
+(``dsa_metadata_selection``), warms both variants up right away (``Fallback.warm_up``): the call
+SGLang's replay will make for this batch size and mode, made on twin buffers (``launch.warm_up``),
+never on the captured ones. A warm-up inside a stream capture is skipped (logged; the first replay
+then compiles); one of ours that raises sends that batch size to SGLang's kernel (``fallback``:
+logged once at ERROR), as the replay would have; one of SGLang's that raises is logged once.
 
 The first time a backend builds graph metadata, one INFO line says whether it uses the bounded kernels
 and what decided it.
@@ -26,7 +27,6 @@ from sglang.srt.runtime_context import get_platform
 
 from sglang_dsa_mtp.integration.dsa_metadata_selection import selected_kernel
 from sglang_dsa_mtp.integration.state import BackendState, state_of
-from sglang_dsa_mtp.kernels.ops.launch import warm_up
 from sglang_dsa_mtp.log import log_failure, log_once, logger
 
 _BUILD = inspect.signature(DeepseekSparseAttnBackend._build_forward_metadata_cuda_graph)
@@ -57,7 +57,7 @@ def warm_up_captured_bs(result, *args, **kwargs):
                 op,
             )
             return result
-        warm_up(kernel.ours, **kwargs)
+        kernel.warm_up(**kwargs)
     except Exception as exc:  # never take the capture down: SGLang's kernel takes this bs
         if kernel is not None:
             kernel.fall_back(bs, exc)

@@ -12,6 +12,7 @@ its role is known: ``dsa_metadata_capture``).
 
 from __future__ import annotations
 
+from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.integration.state import BackendState, peek, state_of
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import (
@@ -30,10 +31,12 @@ KERNELS = (
 
 
 def why_not_bounded(backend) -> str | None:
-    """Why ``backend`` must keep SGLang's replay-metadata kernels, or None when ours apply."""
-    blocker = BOUNDED_REPLAY_METADATA.blocker()
-    if blocker is not None:
-        return blocker
+    """Why ``backend`` must keep SGLang's replay-metadata kernels, or None when ours apply. Ours need
+    every hook of the change applied (``hooks.why_off``): without the capture hook, for one, they
+    would first compile while serving."""
+    reason = why_off(BOUNDED_REPLAY_METADATA)
+    if reason is not None:
+        return reason
     kpool = getattr(backend, "dsa_index_kpool", None)
     if kpool != 1:
         return f"dsa_index_kpool is {kpool}, the bounded kernels need 1"

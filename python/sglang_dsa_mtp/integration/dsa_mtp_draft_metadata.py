@@ -8,7 +8,10 @@ step backend, each captured bs replays, as decided at its capture:
 2. **each step backend's own replay**, where the live-width hooks dropped their wide tables;
 3. **SGLang's precompute + copies** otherwise.
 
-A one launch that raises sends its bs to 2 or 3 for good (one ERROR line). Hooks: AROUND
+A one launch that raises sends its bs to 2 or 3 for good (one ERROR line). Neither compiles then:
+each step backend's kernels (ours and SGLang's behind it, which 2 and 3 call) are warmed up at their
+own capture (``dsa_metadata_capture``), and SGLang's JIT metadata copies, which only 3 runs, are
+loaded when a bs is captured for the one launch with the step tables kept. Hooks: AROUND
 ``__init__`` (keeps ``seed_dsa_topk_from_draft_extend``), AROUND ``init_forward_metadata_out_graph``
 (both switches). Details: docs/switches.md, section "One-launch MTP draft-decode metadata".
 """
@@ -151,6 +154,8 @@ def _capture(multi, forward_batch) -> None:
     _report(multi, state, bs)
     if plan.reason is None:
         _warm_up_one_launch(multi, state, forward_batch, plan, bs)
+        if not state.steps_dropped:
+            load_precompute_copies(multi)
 
 
 def _report(multi, state: MultiStepState, bs: int) -> None:
@@ -215,6 +220,34 @@ def _warm_up_one_launch(multi, state, forward_batch, plan: DraftDecodeBs, bs: in
         )
     except Exception as exc:
         _give_up(multi, state, plan, bs, exc, "its warm-up")
+
+
+def load_precompute_copies(multi) -> None:
+    """Load SGLang's JIT metadata-copy modules that its precompute + copies run at a replay (the
+    other path of a bs whose one launch raises, the step tables kept): nothing else loads them
+    before such a replay, and a module's first load compiles it. As SGLang 0.5.23's
+    ``init_forward_metadata_out_graph`` and ``_copy_base_replay_buffers`` request them (decode, the
+    same cache keys): the three-step copy with more than 3 speculative steps, and the one-step copy
+    (the other steps, and every step should the three-step copy fail). One that fails to load is
+    logged once; SGLang's path then copies with torch."""
+    first = multi.attn_backends[0]
+    has_real_page_table = first.physical_page_size > 1
+    has_flashmla = first.dsa_decode_impl == "flashmla_kv"
+    try:
+        from sglang.kernels.ops.attention.dsa import fused_metadata_copy as copies
+
+        if multi.speculative_num_steps > 3:
+            copies._jit_fused_metadata_copy_multi_module(has_real_page_table, has_flashmla)
+        copies._jit_fused_metadata_copy_module(0, has_real_page_table, has_flashmla)
+    except Exception as exc:
+        log_once(
+            logging.WARNING,
+            ("precompute-copies-load", id(multi)),
+            "sglang_dsa_mtp: SGLang's JIT metadata copies did not load (%s: %s): a bs whose one "
+            "launch fails takes SGLang's precompute + copies with torch copies",
+            type(exc).__name__,
+            exc,
+        )
 
 
 def one_launch_kwargs(multi, metas, bs: int) -> dict:

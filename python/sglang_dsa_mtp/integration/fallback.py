@@ -7,6 +7,11 @@ and runs the kernel SGLang had selected with the same arguments instead, then an
 with that ``bs``. SGLang's kernel writes the whole region ours writes (the outputs are bit-identical
 by contract), so whatever ours left half done is overwritten. Other batch sizes keep ours.
 
+Both kernels specialize on the batch size (SGLang's takes ``bs`` as a ``tl.constexpr``), so either
+one's first call at a batch size compiles. :meth:`Fallback.warm_up`, called at capture for every
+captured batch size (``dsa_metadata_capture``), compiles both on twin buffers (``launch.warm_up``):
+neither our replay nor a replay that falls back compiles while serving.
+
 This module imports no SGLang code, so that the host-time benchmark times what the server calls.
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sglang_dsa_mtp.kernels.ops.launch import warm_up
 from sglang_dsa_mtp.log import log_failure
 
 
@@ -37,6 +43,30 @@ class Fallback:
             except Exception as exc:  # never take the server down: SGLang's kernel takes over
                 self.fall_back(bs, exc)
         return self.sglang(*args, **kwargs)
+
+    def warm_up(self, **kwargs) -> None:
+        """Compile the variants that a call with these keyword arguments launches, ours and
+        SGLang's, without writing any buffer of ``kwargs`` (:func:`launch.warm_up`'s twin buffers).
+        Ours raising sends ``kwargs["bs"]`` to SGLang's kernel, as the replay would have; SGLang's
+        raising is logged once and changes nothing (a replay that falls back may then compile).
+        Never raises. The caller checks that no CUDA graph is being captured (``launch.warm_up``
+        refuses to launch inside one, which would send the bs to SGLang's kernel)."""
+        bs = kwargs.get("bs")
+        try:
+            warm_up(self.ours, **kwargs)
+        except Exception as exc:  # never take the capture down: SGLang's kernel takes this bs
+            self.fall_back(bs, exc)
+        try:
+            warm_up(self.sglang, **kwargs)
+        except Exception as exc:  # ours keeps the replays; only a fallback would compile
+            log_failure(
+                ("sglang-warm-up", id(self)),
+                exc,
+                "sglang_dsa_mtp: warming up SGLang's %s kernel for bs %s failed (a replay that "
+                "falls back to it compiles it first)",
+                self.what,
+                bs,
+            )
 
     def fall_back(self, bs, exc: BaseException) -> None:
         self.failed.add(bs)

@@ -44,7 +44,10 @@ class DraftDecodeBs:
 
 @dataclass
 class MultiStepState:
-    """A ``DeepseekSparseAttnMultiStepBackend`` (the MTP draft decode's step backends)."""
+    """A ``DeepseekSparseAttnMultiStepBackend`` (the MTP draft decode's step backends).
+
+    ``batch_sizes`` holds plans on the step backends' graph buffers: it is emptied when SGLang
+    builds their graph state again (``init_cuda_graph_state``), and refilled as it captures."""
 
     seeded: bool | None = (
         None  # seed_dsa_topk_from_draft_extend; None: the constructor hook did not run
@@ -62,14 +65,26 @@ class ProcessorState:
 
 
 def state_of(obj, kind: type[State]) -> State:
-    """``obj``'s state, created with its defaults at the first call."""
-    state = obj.__dict__.get(ATTR)
+    """``obj``'s state, created with its defaults at the first call. A state of another kind is a
+    TypeError (one object, one kind)."""
+    state = _stored(obj, kind)
     if state is None:
         state = obj.__dict__[ATTR] = kind()
     return state
 
 
 def peek(obj, kind: type[State]) -> State:
-    """``obj``'s state, or the defaults (not stored) when it has none yet."""
-    state = getattr(obj, "__dict__", {}).get(ATTR)
+    """``obj``'s state, or the defaults (not stored) when it has none yet. A state of another kind
+    is a TypeError."""
+    state = _stored(obj, kind)
     return kind() if state is None else state
+
+
+def _stored(obj, kind: type[State]) -> State | None:
+    state = getattr(obj, "__dict__", {}).get(ATTR)
+    if state is not None and not isinstance(state, kind):
+        raise TypeError(
+            f"{type(obj).__name__} holds a {type(state).__name__} under {ATTR}, not a "
+            f"{kind.__name__}"
+        )
+    return state

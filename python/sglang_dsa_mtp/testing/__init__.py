@@ -6,11 +6,16 @@ this package. What is here:
 - ``reference``: SGLang 0.5.23's own pure-Triton kernels, loaded by file path (the references),
   SGLang's speculative kernels with stand-ins for the platform helpers they import;
 - ``metadata_cases``: replay-metadata scenarios with poisoned buffers, and their self-checks;
+- ``differential``: seeded random replay-metadata cases and their budgets, for the GPU
+  differential tests against SGLang's kernels;
 - ``argmax_cases``: greedy-draft argmax scenarios (tie / NaN / inf rows), and their self-check;
-- ``dsa_backends``: SGLang's DSA backends on the CPU (``CpuDsaServer``), built, captured and
-  replayed by SGLang's own code, for the replay-metadata hook sites;
-- ``dsa_launch``: SGLang's real DSA backends built by its own constructors in a published EAGLE
-  launch, off the GPU (CPU or meta device), with their graph captures and replays (live width);
+- ``dsa_backends``: SGLang's real DSA backends built by its own constructors in a published EAGLE
+  launch, off the GPU (CPU or meta device), with stand-ins for its native and JIT leaves, their
+  graph captures and replays; ``CpuDsaServer`` for the replay-metadata hook sites;
+- ``dsa_serving``: one EAGLE server's DSA backends on a GPU or the CPU, built by SGLang's
+  constructors, captured and replayed as its graph runners do, the plugin on and off side by side;
+- ``serving_loop``: EAGLE rounds replayed through them, every metadata buffer compared, failures
+  injected, Triton's compiles counted;
 - ``indexer_cases``: the DSA indexer's chunked paged-MQA logits, SGLang's and the live-width copy;
 - ``verify_tree``: a chain draft's verify inputs, built SGLang's FULL_MASK way and its chain-tree way;
 - ``tp``: tensor-parallel groups of processes: spawning them, SGLang's real TP group on CPU (gloo)
@@ -22,6 +27,10 @@ this package. What is here:
 - ``timing``: CUDA-graph and host timing, and the floors printed beside every figure;
 - ``scripts``: loading a benchmark or e2e script as a module, its options and their help;
 - ``bench_cli``: the benchmark scripts' shared options and output;
-- ``check``: what one self-check returns;
-- ``sglang_import``: ``require_sglang()``, which test modules that need SGLang start with.
+- ``selfchecks``: the self-checks ``python -m sglang_dsa_mtp`` runs (what one returns is
+  ``sglang_dsa_mtp.selfcheck``'s);
+- ``constants``: the sizes and sentinels the tests and benchmarks share;
+- ``sglang_import``: ``require_sglang()``, which test modules that need SGLang start with;
+- ``sglang_stubs``: stand-ins for SGLang's native packages that the GPU TP harness imports but never
+  calls.
 """

@@ -17,8 +17,9 @@ SGLang's start-up, for the LM heads of a DeepSeek-V3.2 / GLM-5 MTP deployment:
 :data:`CHECKPOINTS` holds the checkpoints the tests deploy, by name. Inside an SGLang TP group
 (:mod:`sglang_dsa_mtp.testing.tp`): :func:`build_lm_head` (a vocab-parallel head holding its shard
 of a seeded full weight, and its ``LogitsProcessor``), :func:`build_shared_draft_head` (a
-checkpoint's NextN draft head given the target's weight), :func:`logits_forward` (the processor's
-forward with a real ``LogitsMetadata``) and :func:`sglang_pick` (SGLang's greedy draft pick, or the
+checkpoint's NextN draft head given the target's weight by SGLang's EAGLE draft worker, which
+:func:`build_draft_worker` returns), :func:`logits_forward` (the processor's forward with a real
+``LogitsMetadata``) and :func:`sglang_pick` (SGLang's greedy draft pick, or the
 plugin's from its partials); :func:`reference_logits` recomputes the gathered logits shard by shard
 apart from SGLang, and :func:`bits_differ` compares them bit for bit. SGLang is imported inside the
 functions only.
@@ -320,10 +321,28 @@ def build_shared_draft_head(
     tie: Optional[tuple[int, int]] = None,
 ):
     """``(lm_head, processor, full_weight)`` of a NextN draft deployed from ``checkpoint``, inside an
-    SGLang TP group: the target's head (:func:`lm_heads`) loads its shard of
-    :func:`full_lm_head_weight` (column ``tie[0]`` a copy of ``tie[1]``), and SGLang's draft worker
-    gives its weight to the draft's head (:func:`share_target_head`), which keeps the quant method
-    the checkpoint's config gave it. The processor is the draft model's ``LogitsProcessor(config)``.
+    SGLang TP group: the draft model's of :func:`build_draft_worker`."""
+    worker, full_weight = build_draft_worker(
+        checkpoint, vocab_size, hidden, dtype=dtype, seed=seed, tie=tie
+    )
+    draft = worker.draft_runner.model
+    return draft.lm_head, draft.logits_processor, full_weight
+
+
+def build_draft_worker(
+    checkpoint: str,
+    vocab_size: int,
+    hidden: int,
+    *,
+    dtype: torch.dtype,
+    seed: int,
+    tie: Optional[tuple[int, int]] = None,
+):
+    """``(worker, full_weight)``: SGLang's ``EagleDraftWorker`` of a NextN draft deployed from
+    ``checkpoint``, inside an SGLang TP group. The target's head (:func:`lm_heads`) loads its shard
+    of :func:`full_lm_head_weight` (column ``tie[0]`` a copy of ``tie[1]``), and the worker gives
+    its weight to the draft's head (:func:`share_target_head`), which keeps the quant method the
+    checkpoint's config gave it. The draft model's processor is its ``LogitsProcessor(config)``.
     """
     from sglang.srt.layers.logits_processor import LogitsProcessor
 
@@ -333,7 +352,7 @@ def build_shared_draft_head(
     target_head, draft_head = lm_heads(checkpoint, vocab_size, hidden, dtype=dtype)
     target_head.weight.weight_loader(target_head.weight, full_weight)
     config = SimpleNamespace(vocab_size=vocab_size)
-    _, draft, _ = share_target_head(
+    _, _, worker = share_target_head(
         checkpoint,
         target_head,
         draft_head,
@@ -341,7 +360,7 @@ def build_shared_draft_head(
         target_processor=LogitsProcessor(config),
         draft_processor=LogitsProcessor(config),
     )
-    return draft.lm_head, draft.logits_processor, full_weight
+    return worker, full_weight
 
 
 def logits_metadata(mode: str, select_index: Optional[torch.Tensor] = None):

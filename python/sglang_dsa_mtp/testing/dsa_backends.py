@@ -11,9 +11,10 @@ server: what a server process does before and while it replays its graphs, minus
   registry, the draft-extend and multi-step backends through its ``DraftBackendFactory``).
 - :class:`StandIns` (installed by :func:`cuda_stand_ins`) replaces only what needs SGLang's native
   or JIT kernels: DeepGEMM's paged-MQA schedule and SM count, SGLang's JIT top-k v2 plan, FlashMLA's
-  tile metadata and SGLang's JIT metadata copies (made to raise: SGLang then copies with torch); off
-  a GPU also the device capability and SGLang's three replay-metadata kernels (the same files with
-  their ``assert tensor.is_cuda`` compiled out, run by Triton's interpreter). Each is a
+  tile metadata and the loaders of SGLang's JIT metadata copies (each load recorded, in
+  ``jit_loads``; the modules they return raise when called: SGLang then copies with torch); off a GPU
+  also the device capability and SGLang's three replay-metadata kernels (the same files with their
+  ``assert tensor.is_cuda`` compiled out, run by Triton's interpreter). Each is a
   deterministic torch function of every input value, and counts its calls. Off a GPU ``dsa_backend``
   is told it runs on CUDA, so SGLang's CUDA code paths (its drop decision, its fused replay
   metadata) run there too.
@@ -165,6 +166,19 @@ class StandIns:
 
     def __init__(self):
         self.calls: collections.Counter = collections.Counter()
+        self.jit_loads: list[tuple] = []  # (loader name, its arguments) of each JIT module load
+
+    def jit_module(self, loader: str):
+        """A loader of SGLang's JIT metadata copies: records the load; the module's kernels raise
+        (they stand aside in this harness, on every device)."""
+
+        def load(*args):
+            self.jit_loads.append((loader, args))
+            return SimpleNamespace(
+                fused_metadata_copy=_no_jit_kernel, fused_metadata_copy_multi=_no_jit_kernel
+            )
+
+        return load
 
     def schedule(self, context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
         """DeepGEMM's ``get_paged_mqa_logits_metadata``: ``[num_sms + 1, 2]`` int32."""
@@ -216,10 +230,11 @@ def cuda_stand_ins(monkeypatch, *, sms: int | None = None) -> StandIns:
       count, else :data:`SMS`);
     - SGLang's JIT top-k v2 plan (``plan_topk_v2``) and FlashMLA's tile metadata
       (``_compute_flashmla_metadata``): :meth:`StandIns.topk_plan`, :meth:`StandIns.flashmla`;
-    - SGLang's JIT metadata copies (``fused_metadata_copy_cuda`` / ``fused_metadata_copy_multi_cuda``,
-      built with nvcc on first use): they raise, and SGLang takes its own fallback (torch copies, every
-      step backend's indexer plans refreshed); the warning SGLang prints at each such call is counted
-      (``calls["jit metadata copy"]``) instead of printed;
+    - the loaders of SGLang's JIT metadata copies (``fused_metadata_copy_cuda`` /
+      ``fused_metadata_copy_multi_cuda`` are built with nvcc on first use): each load is recorded
+      (:meth:`StandIns.jit_module`), the copies raise, and SGLang takes its own fallback (torch copies,
+      every step backend's indexer plans refreshed); the warning SGLang prints at each such call is
+      counted (``calls["jit metadata copy"]``) instead of printed;
     - off a GPU only: the device capability (9, 0), ``dsa_backend.is_cuda``, and SGLang's three
       replay-metadata kernels (its own files with their ``assert tensor.is_cuda`` compiled out, run by
       Triton's interpreter).
@@ -243,8 +258,8 @@ def cuda_stand_ins(monkeypatch, *, sms: int | None = None) -> StandIns:
         "_compute_flashmla_metadata",
         lambda self, cache_seqlens, seq_len_q: stand_ins.flashmla(self, cache_seqlens, seq_len_q),
     )
-    for name in ("fused_metadata_copy_cuda", "fused_metadata_copy_multi_cuda"):
-        monkeypatch.setattr(metadata_copy, name, _no_jit_kernel)
+    for name in ("_jit_fused_metadata_copy_module", "_jit_fused_metadata_copy_multi_module"):
+        monkeypatch.setattr(metadata_copy, name, stand_ins.jit_module(name))
     for module in (manager, dsa_backend):
         monkeypatch.setattr(module, "print", stand_ins.quiet_print, raising=False)
     if not on_gpu:

@@ -260,11 +260,19 @@ def lengths_1m(bs: int, generator: torch.Generator) -> list[int]:
 
 
 # Programs that stride over several live tiles (CPU): three requests at width 1100, whose live ends
-# are 1100, 640 and 256 columns: 9, 5 and 2 tiles of 128 columns; 4.3, 2.5 and 1 tiles of 256 (the
-# default tile), so that counting tiles with a floor division drops a partial last tile. With two
+# are 1100, 640 and 256 columns: 9, 5 and 2 tiles of 128 columns; 1.07, 0.63 and 0.25 tiles of the
+# default 1024, so that counting tiles with a floor division drops a partial last tile. With two
 # programs per request, a program that handled only its first tile would leave tiles unwritten.
 STRIDING_WIDTH = 1100
 STRIDING_LENGTHS = [1100, 600, 129]
+
+# Requests spanning three tiles or more of each tile size the CPU tests run (the tile_n fixture: 128
+# and the default 1024 columns): live ends 3200, 2176 and 1152 columns, 25, 17 and 9 tiles of 128,
+# and 3.1, 2.1 and 1.1 tiles of 1024. A tile placed anywhere but at its index in the request times
+# TILE_N leaves columns of the request's third tile and later unwritten (of its second at most, the
+# earlier tiles overlapping it, where the request spans two).
+WIDE_WIDTH = 3200
+WIDE_LENGTHS = [3200, 2100, 1100]
 
 
 # ------------------------------------------------------------------------------------------------

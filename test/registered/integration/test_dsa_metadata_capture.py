@@ -3,10 +3,11 @@ says once what decided its kernels.
 
 SGLang's real DSA backends, built, captured and replayed by SGLang's own code on the CPU
 (``sglang_dsa_mtp.testing.dsa_backends``). Triton's interpreter compiles nothing, so these tests check
-the calls: the warm-up runs once per captured batch size, outside stream capture, with the very
-arguments SGLang's replay of that batch size passes (the same buffers, inputs of the same dtype,
-shape and strides), and writes nothing the replay reads. That no compile is left for the replays is
-checked on the GPU (``test/registered/kernels/ops/attention/test_warm_up_compiles.py``).
+the calls: the warm-up runs once per captured batch size, outside stream capture, for our kernel and
+for SGLang's kernel behind it, with the very arguments SGLang's replay of that batch size passes to
+each (the same buffers, inputs of the same dtype, shape and strides), and writes nothing the replay
+reads. That no compile is left for the replays, ours or SGLang's after a fallback, is checked on the
+GPU (``test/registered/kernels/ops/attention/test_warm_up_compiles.py``).
 """
 
 import logging
@@ -18,12 +19,13 @@ from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
+import sglang.srt.layers.attention.dsa.dsa_backend_mtp_precompute as precompute
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_dsa_mtp import hooks
-from sglang_dsa_mtp.integration import dsa_metadata_capture as capture
 from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
+from sglang_dsa_mtp.integration import fallback
 from sglang_dsa_mtp.integration.state import MultiStepState, state_of
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH
 from sglang_dsa_mtp.testing.dsa_backends import metadata_tensors
@@ -35,6 +37,7 @@ MODES = {
     "draft extend": (ForwardMode.DRAFT_EXTEND_V2, "draft_extend"),
 }
 INPUTS = ("seq_lens", "req_pool_indices", "extend_seq_lens")
+ATTRS = {name: attr for attr, _, name in selection.KERNELS}  # the backend attribute of each op
 
 
 def signature(kwargs) -> dict:
@@ -73,8 +76,8 @@ def spies(hooked):
         warm_ups.append((kernel, kwargs))
         return real_warm_up(kernel, **kwargs)
 
-    real_warm_up = capture.warm_up
-    hooked.setattr(capture, "warm_up", record_warm_up)
+    real_warm_up = fallback.warm_up
+    hooked.setattr(fallback, "warm_up", record_warm_up)
     hooked.setattr(mtp, "warm_up", record_warm_up)
     kernels = {name: Recorder(ours) for _, ours, name in selection.KERNELS}
     hooked.setattr(
@@ -100,19 +103,87 @@ def test_each_captured_bs_is_warmed_up_with_the_call_its_replays_make(dsa_server
     server = dsa_server()
     backend = getattr(server, kind)(max(CAPTURED))
     server.capture(backend, mode, CAPTURED)
-    assert [kwargs["bs"] for _, kwargs in warm_ups] == sorted(CAPTURED, reverse=True)
-    assert all(kernel is kernels[op] for kernel, _ in warm_ups)
-    # Our kernel ran once per bs, on buffers of its own: only req_to_token is shared (read-only).
-    for (_, warm), twin in zip(warm_ups, kernels[op].calls):
-        for name, value in warm.items():
-            if isinstance(value, torch.Tensor) and name != "req_to_token":
-                assert twin[name].data_ptr() != value.data_ptr(), name
+    ours = [kwargs for kernel, kwargs in warm_ups if kernel is kernels[op]]
+    assert [kwargs["bs"] for kwargs in ours] == sorted(CAPTURED, reverse=True)
+    assert_ran_on_twins(ours, kernels[op].calls)
     kernels[op].calls.clear()
     for bs in CAPTURED:
         server.replay(backend, mode, [9] * bs, list(range(1, bs + 1)))
     replayed = {kwargs["bs"]: kwargs for kwargs in kernels[op].calls}
-    for _, warm in warm_ups:
+    for warm in ours:
         assert signature(warm) == signature(replayed[warm["bs"]])
+
+
+def assert_ran_on_twins(warm_ups, calls):
+    """Each warm-up's kernel call ran on buffers of its own: only req_to_token (read-only) is the
+    captured one."""
+    assert len(calls) == len(warm_ups)
+    for warm, twin in zip(warm_ups, calls):
+        for name, value in warm.items():
+            if isinstance(value, torch.Tensor) and name != "req_to_token":
+                assert twin[name].data_ptr() != value.data_ptr(), name
+
+
+def raise_injected(**kwargs):
+    raise RuntimeError("injected failure")
+
+
+@pytest.mark.parametrize("op", list(MODES))
+def test_sglangs_kernel_is_warmed_up_per_captured_bs_with_the_call_a_fallback_replay_makes(
+    dsa_server, spies, op
+):
+    """SGLang's kernel specializes on bs: the per-bs fallback's first replay would compile it while
+    serving, so the capture warms it up too, with the arguments a replay that falls back passes."""
+    warm_ups, kernels, _ = spies
+    mode, kind = MODES[op]
+    server = dsa_server()
+    backend = getattr(server, kind)(max(CAPTURED))
+    guarded = getattr(backend, ATTRS[op])
+    sglang = guarded.sglang = Recorder(guarded.sglang)
+    server.capture(backend, mode, CAPTURED)
+    warmed = [kwargs for kernel, kwargs in warm_ups if kernel is sglang]
+    assert [kwargs["bs"] for kwargs in warmed] == sorted(CAPTURED, reverse=True)
+    assert_ran_on_twins(warmed, sglang.calls)
+    assert guarded.failed == set(), "a warm-up of SGLang's kernel sent a bs to it"
+    sglang.calls.clear()
+    kernels[op].fn = raise_injected  # every replay falls back
+    for bs in CAPTURED:
+        server.replay(backend, mode, [9] * bs, list(range(1, bs + 1)))
+    assert guarded.failed == set(CAPTURED)
+    replayed = {kwargs["bs"]: kwargs for kwargs in sglang.calls}
+    for warm in warmed:
+        assert signature(warm) == signature(replayed[warm["bs"]])
+
+
+@pytest.mark.parametrize("failing", ["ours", "sglang"])
+def test_a_raising_warm_up_never_takes_the_capture_down(dsa_server, spies, caplog, failing):
+    """Ours raising at its warm-up sends that bs to SGLang's kernel, which is warmed up all the same;
+    SGLang's raising is logged once and leaves every bs on ours."""
+    warm_ups, kernels, _ = spies
+    server = dsa_server()
+    backend = server.target(max(CAPTURED))
+    guarded = backend._fused_verify_metadata
+    sglang = guarded.sglang = Recorder(guarded.sglang)
+    if failing == "ours":
+        kernels["target verify"].fn = raise_injected
+    else:
+        sglang.fn = raise_injected
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        server.capture(backend, ForwardMode.TARGET_VERIFY, CAPTURED)
+    warmed = sorted(kwargs["bs"] for kernel, kwargs in warm_ups if kernel is sglang)
+    assert warmed == CAPTURED
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    if failing == "ours":
+        assert guarded.failed == set(CAPTURED)
+        assert len(errors) == len(CAPTURED)
+        assert all("falls back to SGLang's kernel" in error for error in errors)
+    else:
+        assert guarded.failed == set()
+        assert errors == [
+            "sglang_dsa_mtp: warming up SGLang's DSA target verify replay metadata kernel for bs "
+            f"{max(CAPTURED)} failed (a replay that falls back to it compiles it first): "
+            "RuntimeError: injected failure"
+        ]
 
 
 @pytest.mark.parametrize("op", list(MODES))
@@ -122,12 +193,13 @@ def test_the_warm_up_leaves_the_captured_buffers_as_sglang_built_them(dsa_server
     built = {}
 
     def snapshot_then_warm_up(kernel, **kwargs):
-        metadata = backend.decode_cuda_graph_metadata[kwargs["bs"]]
-        built[kwargs["bs"]] = {k: v.clone() for k, v in metadata_tensors(metadata).items()}
+        if kwargs["bs"] not in built:  # before the first warm-up of the bs (ours, then SGLang's)
+            metadata = backend.decode_cuda_graph_metadata[kwargs["bs"]]
+            built[kwargs["bs"]] = {k: v.clone() for k, v in metadata_tensors(metadata).items()}
         real_warm_up(kernel, **kwargs)
 
-    real_warm_up = capture.warm_up
-    hooked.setattr(capture, "warm_up", snapshot_then_warm_up)
+    real_warm_up = fallback.warm_up
+    hooked.setattr(fallback, "warm_up", snapshot_then_warm_up)
     backend = getattr(server, kind)(max(CAPTURED))
     server.capture(backend, mode, CAPTURED)
     assert sorted(built) == CAPTURED
@@ -153,6 +225,65 @@ def test_the_mtp_one_launch_is_warmed_up_per_captured_bs_with_its_replay_call(
     replayed = {kwargs["bs"]: kwargs for kwargs in one_launch.calls if kwargs["seq_lens"][0] == 9}
     for warm in ours:
         assert signature(warm) == signature(replayed[warm["bs"]])
+
+
+def variant(kwargs) -> dict:
+    """What decides the variant a call of a replay-metadata kernel compiles: each tensor by dtype,
+    dimensions, 16-byte alignment and strides but a table's row stride (which no kernel specializes
+    on), each other argument by value. Buffers of another identity (SGLang's precompute allocates
+    its own) find the same variant."""
+    result = {}
+    for name, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            strides = value.stride()[1:] if value.dim() == 2 else value.stride()
+            result[name] = (value.dtype, value.dim(), strides, value.data_ptr() % 16 == 0)
+        else:
+            result[name] = value
+    return result
+
+
+@pytest.mark.parametrize("answering", ["ours", "sglang"])
+@pytest.mark.parametrize("live_width", ["1", "0"], ids=["step-tables-dropped", "step-tables-kept"])
+def test_the_paths_a_failed_one_launch_takes_meet_only_warmed_up_kernels(
+    dsa_server, spies, hooked, answering, live_width
+):
+    """A bs whose one launch raises replays each step backend's own metadata (step tables dropped) or
+    SGLang's precompute + copies (kept): each decode kernel call they make, ours or SGLang's behind
+    it, is a variant warmed up at capture, and SGLang's JIT copies were loaded at capture."""
+    warm_ups, kernels, one_launch = spies
+    hooked.setenv(LIVE_WIDTH.env, live_width)
+    # The precompute's CUDA branch, which calls step 0's decode kernel (its own flag, read at import).
+    hooked.setattr(precompute, "_is_cuda", True)
+    server = dsa_server(num_steps=5)
+    multi = server.multi_step(max(CAPTURED), seeded=True)
+    sglang = Recorder(multi.attn_backends[0]._fused_decode_metadata.sglang)
+    for backend in multi.attn_backends:
+        backend._fused_decode_metadata.sglang = sglang
+    server.capture(multi, ForwardMode.DECODE, CAPTURED)
+    loaded = set(server.stand_ins.jit_loads)
+    one_launch.fn = raise_injected
+    if answering == "sglang":
+        kernels["decode"].fn = raise_injected
+    kernel = sglang if answering == "sglang" else kernels["decode"]
+    kernel.calls.clear()
+    server.stand_ins.jit_loads.clear()
+    for bs in CAPTURED:
+        server.replay(multi, ForwardMode.DECODE, [9] * bs, list(range(1, bs + 1)))
+    warmed = [variant(kwargs) for warmed, kwargs in warm_ups if warmed is kernel]
+    assert kernel.calls, "the other path never called the kernel"
+    for call in kernel.calls:
+        assert variant(call) in warmed, f"bs {call['bs']}: a variant no warm-up compiled"
+    if live_width == "0":
+        assert server.stand_ins.jit_loads, "SGLang's precompute + copies loaded no JIT copy"
+    assert set(server.stand_ins.jit_loads) <= loaded
+
+
+def test_the_jit_copies_are_not_loaded_where_the_step_tables_are_dropped(dsa_server, hooked):
+    """Without the step backends' wide tables SGLang's precompute + copies never runs."""
+    hooked.setenv(LIVE_WIDTH.env, "1")
+    server = dsa_server(num_steps=5)
+    server.capture(server.multi_step(2, seeded=True), ForwardMode.DECODE, [2])
+    assert server.stand_ins.jit_loads == []
 
 
 @pytest.mark.parametrize(

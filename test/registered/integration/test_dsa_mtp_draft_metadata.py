@@ -107,9 +107,34 @@ def test_plugin_hooks_the_multi_step_backend_once_per_target():
     assert {row.target for row in hooks.rows_of(BOUNDED_REPLAY_METADATA)} >= {
         f"{OWNER}.__init__",
         f"{OWNER}.init_forward_metadata_out_graph",
+        f"{OWNER}.init_cuda_graph_state",
     }
-    [replay] = [row for row in rows if row.target.endswith(".init_forward_metadata_out_graph")]
-    assert set(replay.switches) == {BOUNDED_REPLAY_METADATA, LIVE_WIDTH}
+    assert len({row.target for row in rows}) == len(rows)
+    for method in ("init_forward_metadata_out_graph", "init_cuda_graph_state"):
+        [row] = [row for row in rows if row.target == f"{OWNER}.{method}"]
+        assert set(row.switches) == {BOUNDED_REPLAY_METADATA, LIVE_WIDTH}, method
+
+
+def test_a_new_graph_state_drops_the_plans_made_on_the_old_one(dsa_server, hooked, spies):
+    """SGLang builds the step backends' graph state again: the plans of the batch sizes captured
+    before point at the old buffers. Each batch size is decided again at its next capture; one that
+    is not captured again takes SGLang's path."""
+    hooked.setenv(LIVE_WIDTH.env, "0")
+    server, multi = build(dsa_server, captured=(1, BS))
+    state = state_of(multi, MultiStepState)
+    assert sorted(state.batch_sizes) == [1, BS]
+    multi.init_cuda_graph_state(BS, BS)
+    assert state.batch_sizes == {}
+    server.capture(multi, DECODE, [BS])
+    assert sorted(state.batch_sizes) == [BS]
+    for backend, metadata in zip(multi.attn_backends, state.batch_sizes[BS].metadata):
+        assert metadata is backend.decode_cuda_graph_metadata[BS]
+    launched, stock = spies["one launch"], []
+    batch = graph_batch(1, DECODE, seq_lens=[5], req_pool_indices=[2])
+    mtp.draft_decode_metadata(
+        lambda self, fb, in_capture=False: stock.append(fb.batch_size), multi, batch
+    )
+    assert stock == [1] and spies["one launch"] == launched
 
 
 @pytest.mark.parametrize("seeded", [True, False])

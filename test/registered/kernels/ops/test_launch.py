@@ -144,18 +144,21 @@ def test_a_triton_release_outside_the_known_launchers_takes_the_jit_path(inputs,
 
 
 @pytest.mark.parametrize(
-    "version, known",
+    "version, direct",
     [
-        ("3.4.0", True),
-        ("3.6.0", True),
-        ("3.8.0+git1234abcd", True),
         ("3.3.1", False),
+        ("3.4.0", True),
+        ("3.5.1", True),
+        ("3.6.0", True),
+        ("3.7.0", True),
+        ("3.8.0+git1234abcd", True),
         ("3.9.0", False),
+        ("3.10.0", False),
         ("4.0.0", False),
     ],
 )
-def test_the_direct_launch_gate_reads_the_major_and_minor_release(version, known):
-    assert (launch._triton_release(version) in launch.DIRECT_LAUNCH_TRITON) is known
+def test_plans_launch_directly_on_triton_3_4_to_3_8_only(triton_release, version, direct):
+    assert triton_release(version).DIRECT_LAUNCH is direct
 
 
 def test_plans_past_the_cap_are_dropped_and_rebuilt(inputs, monkeypatch):

@@ -13,7 +13,9 @@ side (NCCL and symmetric-memory all-reduce, CUDA graphs) is
 module's name); the heads and their logits path are ``sglang_dsa_mtp.testing.deployment``'s.
 """
 
+import contextlib
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -26,6 +28,7 @@ require_sglang()
 
 from sglang_dsa_mtp.testing.deployment import (
     bits_differ,
+    build_draft_worker,
     build_lm_head,
     build_shared_draft_head,
     logits_forward,
@@ -46,6 +49,11 @@ AGREED = {0: OTHER_RANK, 1: "only rank 1 objects"}
 REASON_WHEN_RANK_1_FAILS = {
     0: OTHER_RANK,
     1: "the opt-in check raised RuntimeError: rank 1 cannot tell",
+}
+# What each rank's EAGLE draft worker decides when only rank 1's worker check fails (its topk).
+WORKER_REASON_WHEN_RANK_1_FAILS = {
+    0: OTHER_RANK,
+    1: "--speculative-eagle-topk is 2: drafts need probabilities",
 }
 
 
@@ -68,6 +76,13 @@ def test_logits_processor_exchange_on_and_off_pick_the_same_tokens_in_a_cpu_tp_g
         assert report["agreed"] == AGREED[report["rank"]], f"{where}: rank 1's objection"
         assert report["reason_when_rank_1_fails"] == REASON_WHEN_RANK_1_FAILS[report["rank"]], where
         assert report["engaged_when_rank_1_fails"] is False, where
+        reason = WORKER_REASON_WHEN_RANK_1_FAILS[report["rank"]]
+        assert report["worker_lines_when_rank_1_fails"] == [
+            f"sglang_dsa_mtp: draft_argmax_exchange off: greedy draft keeps the logits gather: "
+            f"{reason} (draft model DeepseekV3ForCausalLMNextN, topk {1 + report['rank']}, tp "
+            f"size {WORLD})"
+        ], f"{where}: rank 1's worker objection"
+        assert report["worker_engaged_when_rank_1_fails"] is False, where
         assert report["quantized"] == dict(
             checkpoint="modelopt_fp4",
             quant_method="ModelOptFp4LinearMethod",
@@ -82,6 +97,25 @@ def test_logits_processor_exchange_on_and_off_pick_the_same_tokens_in_a_cpu_tp_g
 
 
 # --- each rank's body: run_group spawns it, pickled by this module's name ---
+
+
+@contextlib.contextmanager
+def logged_lines(name: str):
+    """The messages logger ``name`` logs at INFO and above in the block."""
+    lines, logger = [], logging.getLogger(name)
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    handler, level = Collect(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def exchange_on_off_worker(
@@ -109,8 +143,12 @@ def exchange_on_off_worker(
       (tokens, ``topk_p``, positions, draft tokens) equal SGLang's.
 
     Column 700 (rank 1's shard) repeats column 5's weight and row 0 of every batch points at it:
-    a cross-rank tie that the lower column must win. Last, rank 1's opt-in check raises: both ranks
-    still agree, on keeping the gather (each rank's reason in the report).
+    a cross-rank tie that the lower column must win. Then rank 1's opt-in check raises: both ranks
+    still agree, on keeping the gather (each rank's reason in the report). Last, SGLang's EAGLE
+    draft worker (:func:`build_draft_worker`) runs the plugin's hook before capturing its graphs
+    (``opt_in_draft_model``) on a platform the gates take for CUDA, rank 1's worker with topk 2:
+    every rank keeps the gather, each logging why, and no rank is left in the processor's opt-in
+    (a collective) waiting for the other.
     """
     start = time.monotonic()
     report = {"rank": rank, "world": world, "checked": 0, "failures": [], "all_reduce": []}
@@ -218,6 +256,7 @@ def exchange_on_off_worker(
             from sglang_dsa_mtp.integration import draft_argmax_exchange as site
 
             lm_head, processor, _ = build_lm_head(vocab_size, hidden, dtype=dtype, seed=12)
+            local_blocker = site._local_blocker
             if rank == 1:
 
                 def broken(*args):
@@ -225,8 +264,27 @@ def exchange_on_off_worker(
 
                 site._local_blocker = broken
             decision = site.opt_in(processor, lm_head)
+            site._local_blocker = local_blocker
             report["reason_when_rank_1_fails"] = decision.reason
             report["engaged_when_rank_1_fails"] = site.exchange_state(processor) is not None
+
+            # One rank's draft-worker check fails: every rank keeps the gather. Last: a rank left
+            # waiting in a collective would otherwise meet the other rank's next one.
+            from sglang_dsa_mtp import devices
+            from sglang_dsa_mtp.integration import eagle_draft_argmax as worker_site
+
+            devices.cuda_blocker = lambda: None  # the gates' platform check: CUDA
+            worker_site.get_batch_sizes_to_capture = lambda runner: ([1, 2, 4], None)
+            worker, _ = build_draft_worker("unquantized", vocab_size, hidden, dtype=dtype, seed=13)
+            worker.topk, worker.speculative_num_steps = (2 if rank == 1 else 1), 3
+            with logged_lines("sglang_dsa_mtp") as lines:
+                worker_site.opt_in_draft_model(worker)
+            report["worker_lines_when_rank_1_fails"] = [
+                line for line in lines if "draft_argmax_exchange" in line
+            ]
+            report["worker_engaged_when_rank_1_fails"] = (
+                site.exchange_state(worker.draft_runner.model.logits_processor) is not None
+            )
     finally:
         report["seconds"] = round(time.monotonic() - start, 2)
         Path(result_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=1))

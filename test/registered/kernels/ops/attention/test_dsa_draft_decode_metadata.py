@@ -37,6 +37,8 @@ from sglang_dsa_mtp.testing.metadata_cases import (
     SMALL_TOPK,
     STRIDING_LENGTHS,
     STRIDING_WIDTH,
+    WIDE_LENGTHS,
+    WIDE_WIDTH,
     lengths_1m,
     lengths_for,
     make_case,
@@ -158,6 +160,25 @@ def test_matches_decode_kernels_at_length_equal_width(num_dest, width, tile_n):
     case = decode_case([width, width - 1, 0], width=width, topk=SMALL_TOPK)
     outs = run_draft_decode_multi(case, [case.outputs() for _ in range(num_dest)], budget=3)
     assert_each_destination_matches_decode_kernels(case, outs, budget=3)
+
+
+@pytest.mark.parametrize("num_dest", [1, 4], ids=["1-dest", "4-dest"])
+@pytest.mark.parametrize("page_size", [1, 64], ids=["page1", "page64"])
+@pytest.mark.parametrize("budget", [2, None], ids=["budget-2", "budget-default"])
+def test_requests_spanning_three_tiles_or_more_reach_every_destination(
+    num_dest, page_size, budget, tile_n
+):
+    """Every tile of a request that spans three tiles or more, of one block and of the default tile,
+    lands at its own columns of every destination, whichever program takes it."""
+    case = decode_case(
+        WIDE_LENGTHS,
+        width=WIDE_WIDTH,
+        topk=SMALL_TOPK,
+        page_size=page_size,
+        generator=torch.Generator().manual_seed(tile_n + page_size),
+    )
+    outs = run_draft_decode_multi(case, [case.outputs() for _ in range(num_dest)], budget=budget)
+    assert_each_destination_matches_decode_kernels(case, outs, budget=budget)
 
 
 @pytest.mark.parametrize("num_dest", [1, 4])
@@ -309,6 +330,11 @@ def _poisoned(*shape):
             lambda outs: _replace(outs, 1, real_page_table=_poisoned(6, 5)),
             r"destinations\[1\]\.real_page_table has shape \(6, 5\).*expected shape \(4, 5\)",
         ),
+        (  # width 300 is 4 pages of 64 and 44 columns: cdiv(300, 64) = 5 entries a row, not 4
+            lambda outs: _replace(outs, 0, real_page_table=outs[0].real_page_table[:, :4]),
+            r"destinations\[0\]\.real_page_table must be at least \(2, cdiv\(width, "
+            r"physical_page_size\)=5\), got \(4, 4\)",
+        ),
         (
             lambda outs: _replace(outs, 3, cache_seqlens=outs[3].cache_seqlens.long()),
             r"destinations\[3\]\.cache_seqlens must be int32",
@@ -342,6 +368,7 @@ def _poisoned(*shape):
         "page_table_1-missing-in-destination-0",
         "real_page_table-missing",
         "real_page_table-shape-mismatch",
+        "real_page_table-one-page-short",
         "int64-cache_seqlens",
         "short-cu_seqlens_k",
         "cache_seqlens-length-mismatch",

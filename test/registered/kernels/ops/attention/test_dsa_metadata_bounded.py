@@ -18,6 +18,8 @@ from sglang_dsa_mtp.testing.metadata_cases import (
     SMALL_TOPK,
     STRIDING_LENGTHS,
     STRIDING_WIDTH,
+    WIDE_LENGTHS,
+    WIDE_WIDTH,
     compare,
     lengths_1m,
     lengths_for,
@@ -238,6 +240,61 @@ def test_fewer_programs_than_live_tiles_share_them_across_requests_as_sglang_wri
     assert launch_grids == [(1 + few_programs,)]
 
 
+@pytest.mark.parametrize(
+    "op,extend_lens",
+    [("decode", None), ("verify", None), ("draft_extend", None), ("draft_extend", [3, 0, 2])],
+    ids=["decode", "verify", "draft-extend-static", "draft-extend-per-request"],
+)
+@pytest.mark.parametrize("page_size", [1, 64], ids=["page1", "page64"])
+@pytest.mark.parametrize("budget", [2, None], ids=["budget-2", "budget-default"])
+def test_requests_spanning_three_tiles_or_more_match_sglang(
+    op, extend_lens, page_size, budget, tile_n
+):
+    """Every tile of a request that spans three tiles or more, of one block and of the default
+    tile, lands at its own columns, whichever program takes it."""
+    next_n = 3
+    lengths = WIDE_LENGTHS
+    if op == "verify":  # verify's live length is seq_lens + next_n
+        lengths = [n - next_n for n in lengths]
+    case = make_case(
+        op,
+        lengths,
+        extend_lens=extend_lens,
+        width=WIDE_WIDTH,
+        device=CPU,
+        topk=SMALL_TOPK,
+        next_n=next_n,
+        page_size=page_size,
+        generator=torch.Generator().manual_seed(tile_n + page_size),
+    )
+    assert_identical(case, budget=budget)
+
+
+@pytest.mark.parametrize("bs", [1, 3, 7])
+def test_bounded_verify_lanes_past_bs_are_no_requests_where_the_inputs_go_on(bs, tile_n):
+    """SGLang passes ``seq_lens[:bs]`` and ``req_pool_indices[:bs]`` of its graph runner's max-bs
+    buffers, which go on past ``bs``. Verify's KV length is ``seq_lens + next_n``: the lanes a
+    program holds past ``bs`` (up to the next power of two) must not count as requests of length
+    ``next_n``, whose rows would be the spare rows past ``bs * next_n`` that SGLang leaves as they
+    were (compared whole)."""
+    next_n = 2
+    gen = torch.Generator().manual_seed(bs)
+    case = make_case(
+        "verify",
+        lengths_for(bs, gen),
+        width=SMALL_WIDTH,
+        device=CPU,
+        topk=SMALL_TOPK,
+        next_n=next_n,
+        generator=gen,
+    )
+    graph_seq_lens = torch.full((2 * bs + 2,), SMALL_WIDTH - next_n, dtype=torch.int64)
+    graph_slots = torch.arange(2 * bs + 2, dtype=torch.int64) % case.req_to_token.shape[0]
+    graph_seq_lens[:bs], graph_slots[:bs] = case.seq_lens, case.req_pool_indices
+    case.seq_lens, case.req_pool_indices = graph_seq_lens[:bs], graph_slots[:bs]
+    assert_identical(case, budget=3)
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_bounded_launch_grid_depends_only_on_requests_width_and_budget(op, grid_case, launch_grids):
     """The grid each wrapper launches is the same for empty, full and mixed live lengths."""
@@ -365,6 +422,21 @@ def test_bounded_decode_rejects_bad_arguments_by_name(mutate, match):
     mutate(kw)
     with pytest.raises((TypeError, ValueError), match=match):
         bounded.fused_dsa_decode_metadata_bounded(**kw)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bounded_rejects_a_real_page_table_one_page_short_by_name(op):
+    """The compact table takes one entry per page start: ``cdiv(width, page)`` per row. At a width
+    that is not a multiple of the page (300 = 4 pages of 64 and 44 columns), ``width // page`` is
+    one page short."""
+    case = make_case(
+        op, [SMALL_WIDTH - 2, 10], width=SMALL_WIDTH, device=CPU, topk=SMALL_TOPK, next_n=2
+    )
+    out = case.outputs()
+    out["real_page_table"] = out["real_page_table"][:, : SMALL_WIDTH // case.page_size]
+    with pytest.raises(ValueError, match=r"^real_page_table must be at least .*=5\), got"):
+        case.run("bounded", out)
+    assert all((t == POISON).all() for t in out.values() if t is not None), "it wrote"
 
 
 def test_bounded_verify_rejects_wrong_ctx_lens_shape():

@@ -23,5 +23,9 @@ this package. What is here:
 - ``scripts``: loading a benchmark or e2e script as a module, its options and their help;
 - ``bench_cli``: the benchmark scripts' shared options and output;
 - ``check``: what one self-check returns;
-- ``sglang_import``: ``require_sglang()``, which test modules that need SGLang start with.
+- ``sglang_import``: ``require_sglang()``, which test modules that need SGLang start with, and
+  the list of those modules (the GPU runner runs them in SGLang's environment);
+- ``sglang_stubs``: stand-ins for SGLang's native packages where they are absent (a pytest plugin);
+- ``gpu_payload``: SGLang and its Python dependencies packed for a CUDA machine without a network,
+  and the proof that the pack holds every SGLang module the tests import.
 """

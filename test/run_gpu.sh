@@ -68,6 +68,8 @@ log=${OUT:-$(mktemp -d)}/gpu-tests-triton-$triton_version.log
 sglang_list=$(PYTHONPATH=python python3 -m sglang_dsa_mtp.testing.sglang_import "${paths[@]%%::*}")
 sglang_modules=()
 [ -n "$sglang_list" ] && mapfile -t sglang_modules <<<"$sglang_list"
+declare -A needs_sglang=()
+for module in "${sglang_modules[@]}"; do needs_sglang[$module]=1; done
 runtime_error=$( (source test/gpu_sglang_env.sh) 2>&1 >/dev/null) && runtime_error= ||
     runtime_error=$(tail -n 1 <<<"$runtime_error")
 
@@ -104,13 +106,11 @@ session() {  # session NAME ENV_SCRIPT PYTEST_ARGUMENTS...
     fi
 }
 
-in_sglang_modules() { printf '%s\n' "${sglang_modules[@]}" | grep -qxF "$1"; }
-
 for name in "${sessions[@]}"; do
     if [ "$name" = kernels ]; then
         selected=() ignores=()
         for path in "${paths[@]:-test/registered}"; do
-            if [ -n "$runtime_error" ] || ! in_sglang_modules "${path%%::*}"; then
+            if [ -n "$runtime_error" ] || [ -z "${needs_sglang[${path%%::*}]:-}" ]; then
                 selected+=("$path")
             fi
         done
@@ -129,7 +129,7 @@ for name in "${sessions[@]}"; do
         fi
         for path in "${paths[@]}"; do
             if [ -f "${path%%::*}" ]; then
-                if in_sglang_modules "${path%%::*}"; then selected+=("$path"); fi
+                if [ -n "${needs_sglang[${path%%::*}]:-}" ]; then selected+=("$path"); fi
             else
                 for module in "${sglang_modules[@]}"; do
                     if [[ $module == "${path%/}/"* ]]; then selected+=("$module"); fi
@@ -157,7 +157,7 @@ if [ "$status" -ne 0 ]; then
     echo "GPU tests FAILED (pytest exit status $status)" >&2
     exit "$status"
 fi
-if ! printf '%s\n' "${summaries[@]}" | grep -qE '[0-9]+ passed'; then
+if [[ "${summaries[*]}" != *" passed"* ]]; then
     echo "GPU tests FAILED: no GPU test ran" >&2
     exit 1
 fi

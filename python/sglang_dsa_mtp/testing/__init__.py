@@ -30,7 +30,9 @@ this package. What is here:
 - ``selfchecks``: the self-checks ``python -m sglang_dsa_mtp`` runs (what one returns is
   ``sglang_dsa_mtp.selfcheck``'s);
 - ``constants``: the sizes and sentinels the tests and benchmarks share;
-- ``sglang_import``: ``require_sglang()``, which test modules that need SGLang start with;
-- ``sglang_stubs``: stand-ins for SGLang's native packages that the GPU TP harness imports but never
-  calls.
+- ``sglang_import``: ``require_sglang()``, which test modules that need SGLang start with, and
+  the list of those modules (the GPU runner runs them in SGLang's environment);
+- ``sglang_stubs``: stand-ins for SGLang's native packages where they are absent (a pytest plugin);
+- ``gpu_payload``: SGLang and its Python dependencies packed for a CUDA machine without a network,
+  and the proof that the pack holds every SGLang module the tests import.
 """

@@ -14,6 +14,9 @@ SGLang's dependencies too:
 - :func:`sglang_topk`: what ``_get_topk_paged`` does after the logits: ``Indexer._mask_init_and_local_tokens``,
   then the torch top-k of ``DSATopKBackend`` (``_topk_unfused``).
 
+:func:`paged_mqa_schedule` is SGLang's paged-MQA chunk schedule in torch (a function of every length,
+unlike :func:`schedule_stand_in`, the timing stand-in); :class:`CallRecorder` records every logits and
+schedule call with its arguments, and :func:`call_differences` compares two arms' calls.
 :func:`stock_logits` and :func:`live_logits` compute the logits of a :class:`PagedMQACase` the way
 SGLang does and the way the plugin's hook does (the same closure chunk by chunk, then
 ``chunked_paged_mqa_logits_live``); :func:`live_mismatches` compares their live columns bit for bit.
@@ -101,10 +104,131 @@ def torch_paged_mqa_logits(
     )
 
 
+def paged_mqa_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
+    """DeepGEMM's paged-MQA chunk schedule as SGLang 0.5.23 computes it under
+    ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH`` (``get_paged_mqa_logits_metadata``, a JIT kernel:
+    ``kernels/jit/csrc/deepseek_v4/paged_mqa_metadata.cuh``), in torch: each row's context in
+    256-token splits, the splits shared out over ``num_sms`` SMs (``total // num_sms`` each, the
+    last ``total % num_sms`` one more), and for each of the ``num_sms + 1`` boundaries the ``(row,
+    split)`` where it falls (``(rows, 0)`` past the last row): ``[num_sms + 1, 2]`` int32. Depends on
+    every length and on ``num_sms``, so a logits call given another chunk's schedule is told apart;
+    device operations only (it runs inside a CUDA-graph capture). ``block_kv`` is 64 or 128, as
+    SGLang's kernel asserts; the schedule does not depend on it."""
+    if block_kv not in (64, 128):
+        raise ValueError(f"block_kv must be 64 or 128, got {block_kv}")
+    lens = context_lens.reshape(-1).to(torch.int64)
+    rows, device = lens.shape[0], lens.device
+    boundaries = torch.arange(num_sms + 1, device=device)
+    if rows == 0:
+        return torch.zeros((num_sms + 1, 2), dtype=torch.int32, device=device)
+    prefix = torch.cumsum((lens + 255) // 256, 0)
+    total = prefix[-1]
+    target = boundaries * (total // num_sms) + (boundaries - (num_sms - total % num_sms)).clamp(
+        min=0
+    )
+    row = torch.searchsorted(prefix, target, right=True)
+    before = torch.where(row > 0, prefix[(row - 1).clamp(min=0)], 0)
+    past = row >= rows
+    schedule = torch.stack(
+        [torch.where(past, rows, row), torch.where(past, 0, target - before)], dim=1
+    )
+    return schedule.to(torch.int32)
+
+
 def schedule_stand_in(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
-    """In place of DeepGEMM's ``get_paged_mqa_logits_metadata`` (not on these machines): a
-    ``[num_sms + 1, 2]`` int32 buffer like its schedule; the torch logits ignore it."""
+    """The timing stand-in for DeepGEMM's ``get_paged_mqa_logits_metadata`` (:class:`StandInCall`):
+    a ``[num_sms + 1, 2]`` int32 buffer like its schedule, zeros, no work; the torch logits ignore
+    it. Correctness checks use :func:`paged_mqa_schedule`."""
     return torch.zeros((num_sms + 1, 2), dtype=torch.int32, device=context_lens.device)
+
+
+class CallRecorder:
+    """A paged-MQA logits function and a schedule function that record each call's arguments
+    (tensors copied as they are at the call) and run the functions they wrap:
+    :meth:`logits_fn` and :meth:`schedule_fn` stand where SGLang resolves DeepGEMM's two;
+    :meth:`take` returns the calls so far (``(kind, arguments)``, in order) and forgets them."""
+
+    def __init__(self, logits_fn, schedule_fn=paged_mqa_schedule):
+        self._logits, self._schedule = logits_fn, schedule_fn
+        self.calls: list[tuple[str, tuple]] = []
+
+    def logits_fn(
+        self, q, kv_cache, weights, context_lens, block_table, schedule, max_len, clean_logits=False
+    ):
+        arguments = (
+            q,
+            kv_cache,
+            weights,
+            context_lens,
+            block_table,
+            schedule,
+            max_len,
+            clean_logits,
+        )
+        self.calls.append(("logits", tuple(map(_snapshot, arguments))))
+        return self._logits(*arguments[:-1], clean_logits=clean_logits)
+
+    def schedule_fn(self, context_lens, block_kv, num_sms):
+        self.calls.append(("schedule", tuple(map(_snapshot, (context_lens, block_kv, num_sms)))))
+        return self._schedule(context_lens, block_kv, num_sms)
+
+    def take(self) -> list[tuple[str, tuple]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+LOGITS_ARGUMENTS = (
+    "q",
+    "kv_cache",
+    "weights",
+    "context_lens",
+    "block_table",
+    "schedule",
+    "max_len",
+    "clean_logits",
+)
+SCHEDULE_ARGUMENTS = ("context_lens", "block_kv", "num_sms")
+
+
+def _snapshot(value):
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def call_differences(ours, stock) -> list[str]:
+    """Where two lists of :meth:`CallRecorder.take` calls differ: their count, and per call its
+    kind and each argument (a tensor's dtype, shape and every byte; any other value by ``==``)."""
+    if len(ours) != len(stock):
+        return [f"{len(ours)} calls, SGLang's closure makes {len(stock)}"]
+    found = []
+    for index, ((kind, args), (stock_kind, stock_args)) in enumerate(zip(ours, stock)):
+        if kind != stock_kind:
+            found.append(f"call {index}: {kind}, SGLang's is {stock_kind}")
+            continue
+        names = LOGITS_ARGUMENTS if kind == "logits" else SCHEDULE_ARGUMENTS
+        for name, value, expected in zip(names, args, stock_args):
+            if not _same(value, expected):
+                found.append(
+                    f"call {index} ({kind}): {name} {_describe(value)}, SGLang's {_describe(expected)}"
+                )
+    return found
+
+
+def _same(value, expected) -> bool:
+    if not isinstance(expected, torch.Tensor) or not isinstance(value, torch.Tensor):
+        return type(value) is type(expected) and value == expected
+    if value.dtype != expected.dtype or value.shape != expected.shape:
+        return False
+    return torch.equal(_bytes(value), _bytes(expected))
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous().view(-1).view(torch.uint8)
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} {tuple(value.shape)}"
+    return repr(value)
 
 
 @functools.cache
@@ -205,7 +329,7 @@ def edge_lengths(rows: int, width: int) -> list[int]:
 
 def stock_logits(case: PagedMQACase, sm_count: int, logits_fn=torch_paged_mqa_logits):
     """SGLang 0.5.23's logits for ``case``: its split function with its chunked closure."""
-    closure = sglang_chunked_closure(sm_count, BLOCK_KV, logits_fn, schedule_stand_in)
+    closure = sglang_chunked_closure(sm_count, BLOCK_KV, logits_fn, paged_mqa_schedule)
     return sglang_split()(
         closure,
         case.q,
@@ -225,10 +349,10 @@ def live_logits(
     """The plugin's logits for ``case``: what its hook does with SGLang's closure when the rows
     exceed ``sm_count`` (the same closure per chunk, live columns copied into one output, ``out``
     when given)."""
-    closure = sglang_chunked_closure(sm_count, BLOCK_KV, logits_fn, schedule_stand_in)
+    closure = sglang_chunked_closure(sm_count, BLOCK_KV, logits_fn, paged_mqa_schedule)
     return live.chunked_paged_mqa_logits_live(
         closure,
-        schedule_stand_in,
+        paged_mqa_schedule,
         case.q.unsqueeze(1),
         case.kv_cache,
         case.weights,

@@ -5,9 +5,18 @@ distribution is not installed (a CUDA machine with only SGLang's files from the 
 reference kernels), the module is skipped with a reason. Where it is installed, importing
 ``sglang.srt.plugins`` (which imports SGLang's dependencies) must work: a broken dependency raises
 here and the module errors, instead of some 200 tests turning silently into skips.
+
+:func:`modules_requiring_sglang` lists the test modules that call ``require_sglang()``: the GPU
+runner (``test/run_gpu.sh``) runs them apart, in SGLang's environment, and the others without it.
+``python -m sglang_dsa_mtp.testing.sglang_import PATH...`` prints them, one a line.
 """
 
+from __future__ import annotations
+
+import ast
+import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +43,28 @@ def require_sglang() -> None:
             f"sglang {version} is installed but `import sglang.srt.plugins` failed ({e}): "
             "the tests that need SGLang cannot run; repair the installation"
         ) from e
+
+
+def calls_require_sglang(path: Path) -> bool:
+    """Whether the Python file at ``path`` calls ``require_sglang()`` anywhere."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "require_sglang":
+            return True
+    return False
+
+
+def modules_requiring_sglang(paths) -> list[Path]:
+    """The test modules (``test_*.py``) at or under ``paths`` that call ``require_sglang()``,
+    sorted; a path that does not exist raises FileNotFoundError naming it."""
+    found = set()
+    for path in map(Path, paths):
+        if not path.exists():
+            raise FileNotFoundError(f"no such test path: {path}")
+        candidates = [path] if path.is_file() else path.rglob("test_*.py")
+        found.update(p for p in candidates if p.name.startswith("test_") and p.suffix == ".py")
+    return sorted(p for p in found if calls_require_sglang(p))
+
+
+if __name__ == "__main__":
+    for module in modules_requiring_sglang(sys.argv[1:] or ["test/registered"]):
+        print(module)

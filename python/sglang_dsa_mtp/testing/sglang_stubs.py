@@ -13,7 +13,9 @@ SGLang can subclass or index it at import time), and calling or instantiating an
 ``RuntimeError("... is stubbed in the test harness")``, so a path that does reach one fails loudly
 instead of computing something else. A package that is installed is never stubbed. The plugin and
 the serving path never import this module; :func:`sglang_dsa_mtp.testing.tp.sglang_nccl_tp_group`
-installs the stubs before it imports SGLang.
+installs the stubs before it imports SGLang, and so does a pytest session started with
+``-p sglang_dsa_mtp.testing.sglang_stubs`` (:func:`pytest_configure`: ``test/gpu_sglang_env.sh``
+puts that in ``PYTEST_ADDOPTS``) before it imports any test module.
 """
 
 from __future__ import annotations
@@ -81,3 +83,8 @@ def install_native_stubs(packages: tuple[str, ...] = NATIVE_STUBS) -> tuple[str,
     if missing:
         sys.meta_path.insert(0, _StubFinder(missing))
     return missing
+
+
+def pytest_configure(config):
+    """As a pytest plugin: the stubs are in place before collection imports a test module."""
+    install_native_stubs()

@@ -5,8 +5,12 @@ config (its rotary embedding, which ``_get_topk_paged`` does not use, needs vllm
 replaced by an identity), reading a real ``DSATokenToKVPool`` through SGLang's forward context, with
 SGLang's ``DSAMetadata`` and ``DSAIndexerMetadata``. Logits come from SGLang's torch paged-MQA logits
 (``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1``) and the top-k from its torch backend (``--dsa-topk-backend
-torch``, unfused), both of which run on the CPU; DeepGEMM's chunk schedule, which the torch logits
-ignore, is a stand-in. The SM count (the chunk size) is shrunk to 4, the width to 2176 columns.
+torch``, unfused). DeepGEMM's chunk schedule, which the torch logits ignore, is
+``indexer_cases.paged_mqa_schedule``: SGLang's schedule in torch, a function of every length, so
+that every logits call can be compared with the call SGLang's own closure makes, argument by
+argument (``CallRecorder``). On the CPU the SM count (the chunk size) is shrunk to 4 and the width
+is 2176 columns; on a GPU (tests marked ``gpu``) the indexer is built on the device with SGLang's
+own SM count, at rows below, at and above it, eagerly and in CUDA graphs replayed with new lengths.
 """
 
 import logging
@@ -38,7 +42,8 @@ from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_indexer_live_logits as hook
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 from sglang_dsa_mtp.switches import LIVE_WIDTH
-from sglang_dsa_mtp.testing.indexer_cases import schedule_stand_in
+from sglang_dsa_mtp.testing.compiles import count_compiles
+from sglang_dsa_mtp.testing.indexer_cases import CallRecorder, call_differences, paged_mqa_schedule
 
 SM_COUNT = 4
 PAGES_PER_ROW = 34
@@ -53,23 +58,28 @@ UNHOOKED = {"split": paged_mqa_logits.deepgemm_paged_mqa_logits_split}
 
 @pytest.fixture
 def torch_paged_mqa(monkeypatch):
-    """SGLang resolves its torch paged-MQA logits (``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH``) and the
-    schedule stand-in, with top-k fusion off; its resolvers are re-read before and after."""
+    """SGLang resolves its torch paged-MQA logits (``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH``, which also
+    gives the device's SM count) and ``paged_mqa_schedule``, with top-k fusion off; its resolvers
+    are re-read before and after."""
     monkeypatch.setenv("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1")
     monkeypatch.setenv("SGLANG_DSA_FUSE_TOPK", "0")
-    dsa_utils.resolve_fp8_paged_mqa_logits_fn.cache_clear()
+    resolvers = (dsa_utils.resolve_fp8_paged_mqa_logits_fn, dsa_utils.resolve_num_sms)
+    for resolver in resolvers:
+        resolver.cache_clear()
     monkeypatch.setattr(
-        dsa_indexer, "resolve_paged_mqa_logits_metadata_fn", lambda: schedule_stand_in
+        dsa_indexer, "resolve_paged_mqa_logits_metadata_fn", lambda: paged_mqa_schedule
     )
     override = get_context().override_server_args()
     override.install()
     yield
     override.restore()
-    dsa_utils.resolve_fp8_paged_mqa_logits_fn.cache_clear()
+    for resolver in resolvers:
+        resolver.cache_clear()
 
 
-def build_indexer(monkeypatch, **config):
-    """SGLang's ``Indexer`` from DeepSeek-V3.2's config (``config`` overrides), SM count shrunk."""
+def build_indexer(monkeypatch, *, sm_count=SM_COUNT, **config):
+    """SGLang's ``Indexer`` from DeepSeek-V3.2's config (``config`` overrides), on the default
+    device; its SM count set to ``sm_count`` (None: SGLang's own, which it sets on CUDA only)."""
     cfg = DeepseekV32Config(index_topk=TOPK, **config)
     monkeypatch.setattr(
         dsa_indexer, "get_rope_wrapper", lambda *args, **kwargs: torch.nn.Identity()
@@ -90,74 +100,136 @@ def build_indexer(monkeypatch, **config):
         prefix="model.layers.0.self_attn.indexer",
         config=cfg,
     )
-    indexer.sm_count = SM_COUNT  # SGLang sets resolve_num_sms() on CUDA only
+    if sm_count is not None:
+        indexer.sm_count = sm_count
     return indexer
 
 
 class Batch:
-    """One indexer call of a forward mode: its KV pool, metadata, queries and head weights."""
+    """One indexer call of a forward mode: its KV pool, metadata, queries and head weights.
 
-    def __init__(self, mode, seq_lens, next_n, *, heads, padded_rows=0, seed=0):
-        gen = torch.Generator().manual_seed(seed)
-        bs = len(seq_lens)
-        rows = bs * next_n
+    Each request reads ``pages_per_row`` random pages of the pool: distinct pages of a pool just
+    large enough by default, or of a pool of ``pool_pages`` pages (shared between requests).
+    :meth:`set_lengths` writes new lengths and pages into the same tensors, as SGLang's replay
+    preparation does before a graph replay."""
+
+    def __init__(
+        self,
+        mode,
+        seq_lens,
+        next_n,
+        *,
+        heads,
+        padded_rows=0,
+        seed=0,
+        device="cpu",
+        pages_per_row=PAGES_PER_ROW,
+        pool_pages=None,
+        sm_count=SM_COUNT,
+    ):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.mode, self.next_n, self.device, self.sm_count = mode, next_n, device, sm_count
+        self.bs, self.pages_per_row = len(seq_lens), pages_per_row
+        rows = self.bs * next_n
         self.forward_batch = SimpleNamespace(forward_mode=mode)
+        distinct = pool_pages is None
         self.pool = DSATokenToKVPool(
-            size=64 * (bs * PAGES_PER_ROW + 1),
+            size=64 * (self.bs * pages_per_row + 1 if distinct else pool_pages),
             page_size=64,
             kv_lora_rank=512,
             dtype=torch.bfloat16,
             qk_rope_head_dim=64,
             layer_num=1,
-            device="cpu",
+            device=device,
             index_head_dim=128,
             enable_memory_saver=False,
             kv_cache_dim=576,
         )
         index_k = self.pool.get_index_k_with_scale_buffer(layer_id=0)
-        pages = index_k.shape[0]
-        values = torch.randn(pages, 64 * 128, generator=gen).to(torch.float8_e4m3fn)
-        scales = torch.rand(pages, 64, generator=gen) + 0.5
+        self.pages = index_k.shape[0]
+        values = torch.randn(self.pages, 64 * 128, generator=self.gen).to(torch.float8_e4m3fn)
+        scales = torch.rand(self.pages, 64, generator=self.gen) + 0.5
         index_k.copy_(torch.cat([values.view(torch.uint8), scales.view(torch.uint8)], dim=1))
-        seq = torch.tensor(seq_lens, dtype=torch.int32)
-        if mode.is_decode():
-            cache_seqlens, expanded = seq, seq
-        else:  # target verify / draft extend: row j of a request sees its prefix + j + 1 tokens
-            cache_seqlens = seq + next_n
-            offsets = torch.arange(next_n, dtype=torch.int32).repeat(bs) + 1
-            expanded = (seq.repeat_interleave(next_n) + offsets).to(torch.int32)
-        backend = SimpleNamespace(speculative_num_draft_tokens=next_n if next_n > 1 else None)
-        ctx_lens = DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens(
-            backend, mode, cache_seqlens, expanded, bs
-        )
-        requests = torch.randperm(pages - 1, generator=gen)[: bs * PAGES_PER_ROW] + 1
-        real_page_table = requests.view(bs, PAGES_PER_ROW).to(torch.int32)
+        cache_seqlens, expanded, ctx_lens, schedule = self._lengths(seq_lens)
         self.metadata = DSAIndexerMetadata(
             attn_metadata=DSAMetadata(
                 page_size=64,
                 cache_seqlens_int32=cache_seqlens,
                 max_seq_len_q=next_n,
-                max_seq_len_k=WIDTH,
-                cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32),
+                max_seq_len_k=64 * pages_per_row,
+                cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32, device=device),
                 cu_seqlens_k=None,
                 page_table_1=None,
-                real_page_table=real_page_table.repeat_interleave(next_n, 0),
+                real_page_table=self._page_table(distinct),
                 dsa_cache_seqlens_int32=expanded.clamp(max=TOPK),
                 dsa_cu_seqlens_q=None,
                 dsa_cu_seqlens_k=None,
-                dsa_extend_seq_lens_list=[next_n] * bs,
+                dsa_extend_seq_lens_list=[next_n] * self.bs,
                 dsa_seqlens_expanded=expanded,
-                paged_mqa_schedule_metadata=schedule_stand_in(ctx_lens, 64, SM_COUNT),
+                paged_mqa_schedule_metadata=schedule,
                 paged_mqa_ctx_lens_2d=ctx_lens,
             ),
             topk_transform_method=TopkTransformMethod.PAGED,
             topk_backend=DSATopKBackend.TORCH,
         )
         self.rows = rows
-        self.q_fp8 = torch.randn(rows + padded_rows, heads, 128, generator=gen).to(
-            torch.float8_e4m3fn
+        self.q_fp8 = (
+            torch.randn(rows + padded_rows, heads, 128, generator=self.gen)
+            .to(torch.float8_e4m3fn)
+            .to(device)
         )
-        self.weights = torch.randn(rows + padded_rows, heads, 1, generator=gen)
+        self.weights = torch.randn(rows + padded_rows, heads, 1, generator=self.gen).to(device)
+
+    def _lengths(self, seq_lens):
+        """``(cache_seqlens, expanded, ctx_lens_2d, schedule)`` as SGLang's DSA backend builds them."""
+        seq = torch.tensor(seq_lens, dtype=torch.int32, device=self.device)
+        if self.mode.is_decode():
+            cache_seqlens, expanded = seq, seq
+        else:  # target verify / draft extend: row j of a request sees its prefix + j + 1 tokens
+            cache_seqlens = seq + self.next_n
+            offsets = torch.arange(self.next_n, dtype=torch.int32, device=self.device)
+            expanded = (seq.repeat_interleave(self.next_n) + offsets.repeat(self.bs) + 1).to(
+                torch.int32
+            )
+        backend = SimpleNamespace(
+            speculative_num_draft_tokens=self.next_n if self.next_n > 1 else None
+        )
+        ctx_lens = DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens(
+            backend, self.mode, cache_seqlens, expanded, self.bs
+        )
+        return cache_seqlens, expanded, ctx_lens, paged_mqa_schedule(ctx_lens, 64, self.sm_count)
+
+    def _page_table(self, distinct: bool) -> torch.Tensor:
+        if distinct:
+            pages = torch.randperm(self.pages - 1, generator=self.gen)[
+                : self.bs * self.pages_per_row
+            ]
+            table = pages.view(self.bs, self.pages_per_row) + 1
+        else:
+            table = torch.stack(
+                [
+                    torch.randperm(self.pages - 1, generator=self.gen)[: self.pages_per_row] + 1
+                    for _ in range(self.bs)
+                ]
+            )
+        return table.to(torch.int32).repeat_interleave(self.next_n, 0).to(self.device)
+
+    def set_lengths(self, seq_lens) -> None:
+        """New lengths and pages, written into the tensors the indexer reads."""
+        attn = self.metadata.attn_metadata
+        new = self._lengths(seq_lens)
+        for tensor, value in zip(
+            (
+                attn.cache_seqlens_int32,
+                attn.dsa_seqlens_expanded,
+                attn.paged_mqa_ctx_lens_2d,
+                attn.paged_mqa_schedule_metadata,
+            ),
+            new,
+        ):
+            tensor.copy_(value)
+        attn.dsa_cache_seqlens_int32.copy_(new[1].clamp(max=TOPK))
+        attn.real_page_table.copy_(self._page_table(False))
 
     def topk(self, indexer):
         """SGLang's ``Indexer._get_topk_paged`` on this batch."""
@@ -182,12 +254,32 @@ def live_calls(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def logits_calls(hooked, torch_paged_mqa):
+    """Every call of the paged-MQA logits function and of the schedule function (SGLang's torch
+    logits, ``paged_mqa_schedule``), with its arguments as they were, recorded; both still run."""
+    recorder = CallRecorder(dsa_utils.resolve_fp8_paged_mqa_logits_fn())
+    hooked.setattr(dsa_indexer, "resolve_fp8_paged_mqa_logits_fn", lambda: recorder.logits_fn)
+    hooked.setattr(
+        dsa_indexer, "resolve_paged_mqa_logits_metadata_fn", lambda: recorder.schedule_fn
+    )
+    return recorder
+
+
 def stock_and_ours(hooked, indexer, batch):
     """The batch's top-k with the switch off (SGLang's concat) and on (the live copy)."""
     hooked.setenv(LIVE_WIDTH.env, "0")
     stock = batch.topk(indexer)
     hooked.delenv(LIVE_WIDTH.env)
     return stock, batch.topk(indexer)
+
+
+def stock_and_ours_calls(hooked, indexer, batch, calls):
+    """:func:`stock_and_ours`, each top-k with the logits and schedule calls its arm made."""
+    hooked.setenv(LIVE_WIDTH.env, "0")
+    stock = batch.topk(indexer), calls.take()
+    hooked.delenv(LIVE_WIDTH.env)
+    return stock, (batch.topk(indexer), calls.take())
 
 
 # --- the hook rows ----------------------------------------------------------------------------------
@@ -227,6 +319,44 @@ def test_chunked_forward_modes_select_sglang_top_k_indices(
     assert torch.equal(ours, stock)
 
 
+@pytest.mark.parametrize("mode,next_n", MODES)
+def test_each_logits_call_gets_the_arguments_sglang_closure_gives_it(
+    hooked, logits_calls, mode, next_n
+):
+    """Past the SM count the hook calls SGLang's closure chunk by chunk: every schedule call
+    (context lengths, block size, SM count) and every logits call (queries, KV cache, head
+    weights, context lengths, block table, DeepGEMM schedule, width, clean flag) equals, in order
+    and byte for byte, the one SGLang's closure makes for the same batch."""
+    prefixes = [max(0, end - next_n) for end in ROW_ENDS]
+    batch = Batch(mode, prefixes, next_n, heads=16, seed=5)
+    (stock, stock_calls), (ours, our_calls) = stock_and_ours_calls(
+        hooked, build_indexer(hooked), batch, logits_calls
+    )
+    assert [kind for kind, _ in stock_calls] == ["schedule", "logits"] * chunks_of(batch)
+    assert call_differences(our_calls, stock_calls) == []
+    assert torch.equal(ours, stock)
+
+
+def test_the_schedule_shares_256_token_splits_over_the_sms_as_sglangs_kernel():
+    """Splits 0, 1, 2 and 4 (7 in all) over 3 SMs: 2, 2 and 3; each boundary's (row, split)."""
+    lengths = torch.tensor([[0], [256], [257], [1000]], dtype=torch.int32)
+    assert paged_mqa_schedule(lengths, 64, 3).tolist() == [[1, 0], [2, 1], [3, 1], [4, 0]]
+    assert paged_mqa_schedule(lengths[:0], 64, 2).tolist() == [[0, 0]] * 3
+
+
+def test_the_call_comparison_names_the_argument_that_differs():
+    recorder = CallRecorder(lambda *args, **kwargs: None)
+    lengths = torch.tensor([[5], [300]], dtype=torch.int32)
+    for num_sms in (4, 5):
+        recorder.schedule_fn(lengths, 64, num_sms)
+        recorder.logits_fn(lengths, None, None, lengths, lengths, None, 128)
+    calls = recorder.take()
+    first, second = calls[:2], calls[2:]
+    assert call_differences(first, first) == []
+    assert call_differences(second, first) == ["call 0 (schedule): num_sms 5, SGLang's 4"]
+    assert call_differences(first[:1], first) == ["1 calls, SGLang's closure makes 2"]
+
+
 def test_masked_init_and_local_tokens_select_sglang_top_k_indices(
     hooked, torch_paged_mqa, live_calls
 ):
@@ -247,6 +377,113 @@ def test_at_most_sm_count_rows_take_sglang_path_without_concat(hooked, torch_pag
     batch = Batch(ForwardMode.TARGET_VERIFY, [10], SM_COUNT, heads=16)
     stock, ours = stock_and_ours(hooked, build_indexer(hooked), batch)
     assert live_calls == [] and torch.equal(ours, stock)
+
+
+# --- on a GPU: SGLang's own SM count, eagerly and in CUDA graphs replayed with new lengths ---------
+
+GPU_PAGES_PER_ROW = 1024  # 65536 columns
+GPU_POOL_PAGES = 4096
+GPU_MODES = [
+    pytest.param(ForwardMode.TARGET_VERIFY, 4, id="target-verify-eagle-3-1-4"),
+    pytest.param(ForwardMode.DRAFT_EXTEND_V2, 4, id="draft-extend-eagle-3-1-4"),
+    pytest.param(ForwardMode.DECODE, 1, id="decode"),
+]
+# Requests of a batch, from the SM count and the rows per request: rows below the SM count, at it
+# (exactly where it divides, as an H200's 132 does by 1 and 4), one request past it, three chunks.
+PLACES = {
+    "below": lambda sms, next_n: (sms - 1) // next_n,
+    "at": lambda sms, next_n: sms // next_n,
+    "above": lambda sms, next_n: sms // next_n + 1,
+    "three-chunks": lambda sms, next_n: 2 * sms // next_n + 1,
+}
+
+
+def gpu_prefixes(bs: int, next_n: int, width: int, gen: torch.Generator) -> list[int]:
+    """``bs`` prefixes in random order: the edges (0, 1, around a KV block, 128 columns and 2048,
+    the width) first, then uniform draws up to the width (most of them past 16k)."""
+    top = width - next_n
+    edges = [0, 1, 63, 64, 65, 127, 128, 2047, 2048, 2049, top]
+    draws = torch.randint(0, top + 1, (bs,), generator=gen).tolist()
+    prefixes = (edges + draws)[:bs]
+    return [prefixes[i] for i in torch.randperm(bs, generator=gen).tolist()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("mode,next_n", GPU_MODES)
+def test_on_a_gpu_top_k_equals_stock_eagerly_and_in_cuda_graphs_replayed_with_new_lengths(
+    hooked, logits_calls, live_calls, mode, next_n, place
+):
+    """SGLang's indexer built on the GPU (its SM count SGLang's own, the copy kernel compiled by the
+    constructor's hook): eagerly, the top-k and every logits and schedule call equal stock's; then
+    each arm captured in a CUDA graph, and three replays with new lengths and pages give the top-k
+    SGLang computes eagerly for them, with no Triton compile from the first call on."""
+    with torch.device("cuda"):
+        indexer = build_indexer(hooked, sm_count=None)
+    sms = indexer.sm_count
+    assert sms == torch.cuda.get_device_properties(0).multi_processor_count
+    assert live.is_warm(torch.device("cuda")), "the constructor's hook compiled the copy kernel"
+    gen = torch.Generator().manual_seed(next_n * 10 + list(PLACES).index(place))
+    width = 64 * GPU_PAGES_PER_ROW
+    batch = Batch(
+        mode,
+        gpu_prefixes(PLACES[place](sms, next_n), next_n, width, gen),
+        next_n,
+        heads=64,
+        seed=int(torch.randint(1 << 30, (1,), generator=gen)),
+        device="cuda",
+        pages_per_row=GPU_PAGES_PER_ROW,
+        pool_pages=GPU_POOL_PAGES,
+        sm_count=sms,
+    )
+    with count_compiles() as compiles:
+        (stock, stock_calls), (ours, our_calls) = stock_and_ours_calls(
+            hooked, indexer, batch, logits_calls
+        )
+        assert live_calls == ([sms] if batch.rows > sms else [])
+        assert call_differences(our_calls, stock_calls) == []
+        assert torch.equal(ours, stock)
+        graphs = {}
+        for arm, switch in (("stock", "0"), ("ours", None)):
+            if switch is None:
+                hooked.delenv(LIVE_WIDTH.env)
+            else:
+                hooked.setenv(LIVE_WIDTH.env, switch)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = batch.topk(indexer)
+            graphs[arm] = graph, out
+        for replay in range(3):
+            batch.set_lengths(gpu_prefixes(batch.bs, next_n, width, gen))
+            for graph, _ in graphs.values():
+                graph.replay()
+            hooked.setenv(LIVE_WIDTH.env, "0")
+            expected = batch.topk(indexer)
+            hooked.delenv(LIVE_WIDTH.env)
+            torch.cuda.synchronize()
+            assert torch.equal(graphs["stock"][1], expected), f"SGLang's own graph, replay {replay}"
+            assert torch.equal(graphs["ours"][1], expected), f"replay {replay}"
+    assert compiles.names == [], compiles.describe()
+    graphs.clear()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 64, 65, 132, 133, 2048, 2049, 5000])
+def test_on_a_gpu_the_schedule_stand_in_is_sglangs_schedule(rows):
+    """``paged_mqa_schedule`` (the tests' schedule) equals SGLang's own under
+    ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH``, its JIT kernel (built with nvcc on first use), on
+    random lengths up to 1M with the edges, for the device's SM count and one."""
+    from sglang.kernels.ops.attention.dsv4 import get_paged_mqa_logits_metadata
+
+    gen = torch.Generator().manual_seed(rows)
+    lengths = torch.randint(0, 1 << 20, (rows,), generator=gen, dtype=torch.int32)
+    edges = torch.tensor([0, 1, 255, 256, 257, 1 << 20], dtype=torch.int32)[:rows]
+    lengths[: len(edges)] = edges
+    lengths = lengths.view(-1, 1).cuda()
+    for sms in (torch.cuda.get_device_properties(0).multi_processor_count, 1):
+        expected = get_paged_mqa_logits_metadata(lengths, 64, sms)
+        assert torch.equal(paged_mqa_schedule(lengths, 64, sms), expected), f"{sms} SMs"
 
 
 # --- fallbacks --------------------------------------------------------------------------------------
@@ -389,7 +626,7 @@ def test_sglang_closure_yields_the_indexer_sm_count_and_block_size(hooked, torch
     chunked_batch().topk(build_indexer(hooked))
     [closure] = seen
     assert (closure.sm_count, closure.blocksize) == (SM_COUNT, 64)
-    assert closure.resolve_schedule_fn() is schedule_stand_in
+    assert closure.resolve_schedule_fn() is paged_mqa_schedule
 
 
 # --- start-up compile -------------------------------------------------------------------------------

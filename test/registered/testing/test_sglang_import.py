@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from sglang_dsa_mtp.testing import sglang_import
-from sglang_dsa_mtp.testing.sglang_import import NOT_INSTALLED, require_sglang
+from sglang_dsa_mtp.testing.sglang_import import (
+    NOT_INSTALLED,
+    modules_requiring_sglang,
+    require_sglang,
+)
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -67,3 +71,28 @@ def test_every_test_module_requires_sglang_before_importing_it():
         str(p.relative_to(TESTS)) for p in modules if 'importorskip("sglang' in p.read_text()
     ]
     assert skipping == [], "pytest.importorskip turns a broken SGLang install into skips"
+
+
+def test_the_modules_requiring_sglang_are_those_that_call_it(tmp_path):
+    (tmp_path / "test_top.py").write_text("from x import require_sglang\n\nrequire_sglang()\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "test_inside.py").write_text("def test_a():\n    require_sglang()\n")
+    (tmp_path / "sub" / "test_plain.py").write_text("# require_sglang() in a comment\n")
+    (tmp_path / "sub" / "conftest.py").write_text("require_sglang()\n")
+    assert modules_requiring_sglang([tmp_path]) == [
+        tmp_path / "sub" / "test_inside.py",
+        tmp_path / "test_top.py",
+    ]
+    assert modules_requiring_sglang([tmp_path / "sub" / "test_plain.py"]) == []
+
+
+def test_the_repository_modules_requiring_sglang_include_the_hook_site_tests():
+    modules = {str(p.relative_to(TESTS)) for p in modules_requiring_sglang([TESTS])}
+    assert "integration/test_dsa_indexer_live_logits.py" in modules
+    assert "unit/spec/test_draft_argmax_exchange_sglang_tp.py" in modules
+    assert "kernels/ops/attention/test_dsa_metadata_bounded.py" not in modules
+
+
+def test_a_test_path_that_does_not_exist_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no-such"):
+        modules_requiring_sglang([tmp_path / "no-such"])

@@ -11,8 +11,8 @@ capture, and each arm's graph pool, at max bs 16 and 48, beside the meta-device 
 size.
 
 Everything runs SGLang 0.5.23's own classes through its own constructors and graph-runner calls
-(``sglang_dsa_mtp.testing.dsa_serving``, whose docstring names the stand-ins for what the GPU machine
-lacks: ``sgl_kernel`` stubbed, DeepGEMM's schedule and SM count, SGLang's JIT top-k plan, FlashMLA's
+(``sglang_dsa_mtp.testing.dsa_serving``, whose docstring names the stand-ins for what a CUDA
+machine without SGLang's native packages lacks: ``sgl_kernel`` stubbed, DeepGEMM's schedule and SM count, SGLang's JIT top-k plan, FlashMLA's
 tile metadata and SGLang's JIT metadata copies, and for the verify input SGLang's JIT tree builder).
 The arms: the kill switches ``SGLANG_DSA_BOUNDED_REPLAY_METADATA`` and ``SGLANG_DSA_LIVE_WIDTH`` both
 on (the plugin) and both off (SGLang's own paths).

@@ -5,13 +5,19 @@ distribution is not installed (a CUDA machine with only SGLang's files from the 
 reference kernels), the module is skipped with a reason. Where it is installed, importing
 ``sglang.srt.plugins`` (which imports SGLang's dependencies) must work: a broken dependency raises
 here and the module errors, instead of some 200 tests turning silently into skips.
+
+The GPU tests that need SGLang's runtime on a machine without its dependencies installed ask
+:func:`sglang_runtime_missing` (``test/gpu_sglang_env.sh`` provides them) and skip with its reason.
 """
 
+import importlib.util
 from importlib import metadata
 
 import pytest
 
 NOT_INSTALLED = "needs SGLang with its dependencies installed (the sglang distribution is not)"
+# Top-level modules that importing SGLang needs and that a bare GPU machine lacks.
+SGLANG_IMPORTS = ("pydantic", "zmq", "orjson", "msgspec", "tvm_ffi", "IPython", "openai", "fastapi")
 
 
 def sglang_version():
@@ -34,3 +40,13 @@ def require_sglang() -> None:
             f"sglang {version} is installed but `import sglang.srt.plugins` failed ({e}): "
             "the tests that need SGLang cannot run; repair the installation"
         ) from e
+
+
+def sglang_runtime_missing():
+    """Why SGLang cannot be imported in a test's worker processes here, or None."""
+    if sglang_version() is None:
+        return "SGLang's distribution metadata is not on the path"
+    missing = [name for name in SGLANG_IMPORTS if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"SGLang's dependencies {missing} are not importable"
+    return None

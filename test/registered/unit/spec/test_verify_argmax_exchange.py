@@ -312,6 +312,18 @@ def test_each_failing_processor_condition_keeps_sglangs_path_and_names_why(
     assert "keeps SGLang's full logits" in line and expected in line
 
 
+def test_a_softcapping_target_logs_the_fact_that_kept_sglangs_path(opted_in, caplog):
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        opted_in(final_logit_softcapping=30.0)
+    assert log_lines(caplog) == [
+        "sglang_dsa_mtp: verify_argmax_exchange off: target verify keeps SGLang's full logits: "
+        "final-logit softcapping: SGLang gathers fp32 logits and caps them in a fused kernel "
+        "(target model DeepseekV32ForCausalLM, tp size 2, LM-head quant method "
+        "UnquantizedEmbeddingMethod (not applied by SGLang), head dtype bfloat16, verify rows up "
+        "to 40)"
+    ]
+
+
 def test_an_fp32_lm_head_at_tp1_keeps_sglangs_path(hooked, target_head, caplog):
     hooked.setattr(
         worker_site, "get_batch_sizes_to_capture", lambda runner, width: (CAPTURE_BS, None)
@@ -379,7 +391,7 @@ def test_the_draft_exchange_leaves_the_target_alone_and_the_verify_exchange_the_
 
 
 @pytest.mark.parametrize("tp_size", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_greedy_batches_verify_sglangs_tokens_from_the_exchanged_argmax(
     tp_size, dtype, opted_in, verify_kernels
 ):

@@ -18,6 +18,7 @@ from sglang_dsa_mtp.switches import (
     BOUNDED_REPLAY_METADATA,
     DRAFT_ARGMAX_EXCHANGE,
     LIVE_WIDTH,
+    VERIFY_ARGMAX_EXCHANGE,
     KillSwitch,
 )
 
@@ -53,6 +54,7 @@ class PluginAttribute:
 
 
 _BOUNDED, _EXCHANGE, _LIVE = (BOUNDED_REPLAY_METADATA,), (DRAFT_ARGMAX_EXCHANGE,), (LIVE_WIDTH,)
+_VERIFY = (VERIFY_ARGMAX_EXCHANGE,)
 _DSA = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
 _MULTI_STEP = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
 _MANAGER = "sglang.srt.layers.attention.dsa.dsa_metadata_manager.DSAMetadataManagementMixin"
@@ -60,10 +62,13 @@ _INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer"
 _PAGED_MQA = "sglang.kernels.ops.attention.dsa.paged_mqa_logits"
 _LOGITS = "sglang.srt.layers.logits_processor"
 _EAGLE = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
+_EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 _EXTEND_RUNNER = (
     "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner"
 )
 _TOPK1 = "sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess"
+_VERIFY_SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
+_TREE_GREEDY = "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_func"
 _OURS = "sglang_dsa_mtp.integration"
 
 HOOKS: tuple[PluginHook, ...] = (
@@ -98,11 +103,12 @@ HOOKS: tuple[PluginHook, ...] = (
     # Greedy-draft argmax exchange: an opted-in draft LogitsProcessor all-reduces its shard's argmax
     # partials instead of gathering the logits; the EAGLE v2 draft worker opts in before capturing,
     # then picks its tokens from the partials (draft decode in the graph, draft extend after it).
+    # The _get_logits hook serves the target-verify exchange too (its target verify calls).
     PluginHook(
-        _EXCHANGE,
+        _EXCHANGE + _VERIFY,
         f"{_LOGITS}.LogitsProcessor._get_logits",
         HookType.AROUND,
-        f"{_OURS}.draft_argmax_exchange:exchange_instead_of_gather",
+        f"{_OURS}.verify_argmax_exchange:exchange_logits",
     ),
     PluginHook(
         _EXCHANGE,
@@ -128,6 +134,23 @@ HOOKS: tuple[PluginHook, ...] = (
         f"{_EAGLE}._draft_extend_for_decode",
         HookType.AROUND,
         f"{_OURS}.eagle_draft_argmax:draft_extend_for_decode",
+    ),
+    # Target-verify argmax exchange (beyond the spec): the EAGLE v2 worker opts the target's
+    # LogitsProcessor in before any capture; in target verify it keeps its vocab shard and picks
+    # the argmax from exchanged partials in the graph; SGLang's verify reads that argmax for greedy
+    # batches nothing else reads the logits of, and gets the full logits gathered after the replay
+    # for any other batch.
+    PluginHook(
+        _VERIFY,
+        f"{_EAGLE_V2}.init_attention_backends",
+        HookType.AFTER,
+        f"{_OURS}.eagle_verify_argmax:opt_in_target_model",
+    ),
+    PluginHook(
+        _VERIFY, _VERIFY_SAMPLE, HookType.AROUND, f"{_OURS}.eagle_verify_argmax:verify_sample"
+    ),
+    PluginHook(
+        _VERIFY, _TREE_GREEDY, HookType.AROUND, f"{_OURS}.eagle_verify_argmax:greedy_verify_pick"
     ),
     # Live width, indexer: logits of more rows than SMs joined by their live columns, not a
     # full-width concat; the copy kernel compiled when the indexer is built.

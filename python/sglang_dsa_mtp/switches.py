@@ -86,9 +86,14 @@ DRAFT_ARGMAX_EXCHANGE = KillSwitch(
     env="SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE",
     description="greedy EAGLE drafts exchange vocab-shard argmax partials instead of gathering logits",
 )
+VERIFY_ARGMAX_EXCHANGE = KillSwitch(
+    feature="verify_argmax_exchange",
+    env="SGLANG_SPEC_VERIFY_ARGMAX_EXCHANGE",
+    description="greedy EAGLE target verify takes its argmax from vocab-shard argmax partials",
+)
 LIVE_WIDTH = KillSwitch(
     feature="live_width",
     env="SGLANG_DSA_LIVE_WIDTH",
     description="DSA per-round buffers and copies sized by the live KV length, not --context-length",
 )
-SWITCHES = (BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE, LIVE_WIDTH)
+SWITCHES = (BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE, VERIFY_ARGMAX_EXCHANGE, LIVE_WIDTH)

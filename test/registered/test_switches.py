@@ -15,16 +15,23 @@ from sglang_dsa_mtp.switches import (
     DRAFT_ARGMAX_EXCHANGE,
     LIVE_WIDTH,
     SWITCHES,
+    VERIFY_ARGMAX_EXCHANGE,
 )
 
 SWITCH_PARAMS = [pytest.param(switch, id=switch.feature) for switch in SWITCHES]
 
 
-def test_the_two_spec_switches_and_the_live_width_switch():
+def test_the_two_spec_switches_and_the_two_beyond_it():
     assert BOUNDED_REPLAY_METADATA.env == "SGLANG_DSA_BOUNDED_REPLAY_METADATA"
     assert DRAFT_ARGMAX_EXCHANGE.env == "SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE"
+    assert VERIFY_ARGMAX_EXCHANGE.env == "SGLANG_SPEC_VERIFY_ARGMAX_EXCHANGE"
     assert LIVE_WIDTH.env == "SGLANG_DSA_LIVE_WIDTH"
-    assert SWITCHES == (BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE, LIVE_WIDTH)
+    assert SWITCHES == (
+        BOUNDED_REPLAY_METADATA,
+        DRAFT_ARGMAX_EXCHANGE,
+        VERIFY_ARGMAX_EXCHANGE,
+        LIVE_WIDTH,
+    )
 
 
 @pytest.mark.parametrize("switch", SWITCH_PARAMS)

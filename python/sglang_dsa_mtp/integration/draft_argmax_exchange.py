@@ -3,10 +3,12 @@
 Where SGLang 0.5.23's ``LogitsProcessor._get_logits`` all-gathers ``rows x vocab`` logits only for a
 greedy (topk=1) EAGLE draft's argmax, an opted-in processor reduces its LM-head shard to argmax
 partials (``draft_argmax_partials``) summed by SGLang's own TP all-reduce: in draft decode and the
-graph draft extend only; every other call, and the target model, keep the gather. The opt-in,
+graph draft extend only; every other call keeps the gather (the target model's processor is
+``verify_argmax_exchange``'s, whose ``_get_logits`` hook hands every other call here). The opt-in,
 ``enable_draft_argmax_exchange(lm_head)`` (added to the class), engages only where SGLang's LM-head
 path is a plain bf16/fp32 matmul over the rank's vocab shard, and runs every check, the ranks
-agreeing; the per-step hooks check nothing and have no fallback. Hooks: AROUND ``_get_logits``,
+agreeing; the per-step hooks check nothing and have no fallback. Hooks: AROUND ``_get_logits``
+(:func:`exchange_instead_of_gather`, reached through ``verify_argmax_exchange.exchange_logits``),
 AFTER ``forward`` (sets ``next_token_argmax_partials``; ``next_token_logits`` is then a zero-stride
 view of the exchange, not logits: see :func:`exchange_of`). Details: docs/switches.md, section
 "Greedy-draft argmax exchange".
@@ -112,7 +114,7 @@ def lm_head_quant(lm_head) -> tuple[str, bool]:
     return name, bool(sglang_logits.should_apply_lm_head_quant_method(lm_head, method))
 
 
-def _lm_head_blocker(lm_head, group) -> Optional[str]:
+def lm_head_blocker(lm_head, group) -> Optional[str]:
     """Why SGLang's LM-head path for ``lm_head`` is not a plain bf16/fp32 matmul over this rank's
     contiguous vocab shard (the only layout the partials read), or None."""
     if hasattr(lm_head, "set_lora"):
@@ -184,7 +186,7 @@ class ExchangeDecision:
         log_once(logging.INFO, ("argmax-exchange-opt-in", line), "sglang_dsa_mtp: %s", line)
 
 
-def _head_facts(lm_head) -> dict:
+def head_facts(lm_head) -> dict:
     """The LM head's facts for the log line, as far as they can be read."""
     facts = {}
     try:
@@ -212,7 +214,7 @@ def _local_blocker(
     reason = (
         (None if enabled else why)
         or _processor_blocker(processor)
-        or _lm_head_blocker(lm_head, group)
+        or lm_head_blocker(lm_head, group)
     )
     if reason is not None:
         return reason
@@ -279,7 +281,7 @@ def opt_in(
         group, decision.reason = None, f"no TP group ({type(exc).__name__}: {exc})"
     else:
         decision.facts["tp size"] = group.world_size
-        decision.facts.update(_head_facts(lm_head))
+        decision.facts.update(head_facts(lm_head))
         try:
             decision.reason = _local_blocker(
                 processor, lm_head, group, max_rows, capture_rows, draft_steps, decision.facts

@@ -59,9 +59,10 @@ class MultiStepState:
 
 @dataclass
 class ProcessorState:
-    """A draft model's ``LogitsProcessor``."""
+    """A model's ``LogitsProcessor``: a draft model's (``exchange``) or the target's (``verify``)."""
 
     exchange: Any = None  # the engaged argmax exchange; None: the gather (not opted in, or kept)
+    verify: Any = None  # the engaged target-verify exchange; None: SGLang's in-graph gather
 
 
 def state_of(obj, kind: type[State]) -> State:

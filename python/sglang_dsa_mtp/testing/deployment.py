@@ -254,7 +254,7 @@ def share_target_head(
 
 # --- the LM heads and their logits path, inside an SGLang TP group ---------------------------------
 
-FORWARD_MODES = ("decode", "draft_extend_v2")
+FORWARD_MODES = ("decode", "draft_extend_v2", "target_verify")
 
 
 def full_lm_head_weight(vocab_size: int, hidden: int, *, dtype: torch.dtype, seed: int):
@@ -363,20 +363,30 @@ def build_draft_worker(
     return worker, full_weight
 
 
-def logits_metadata(mode: str, select_index: Optional[torch.Tensor] = None):
+def logits_metadata(
+    mode: str,
+    select_index: Optional[torch.Tensor] = None,
+    logits_buffer: Optional[torch.Tensor] = None,
+):
     """A real ``LogitsMetadata`` for ``mode`` (see :func:`logits_forward`)."""
     from sglang.srt.layers.logits_processor import LogitsMetadata
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+    if mode not in FORWARD_MODES:
+        raise ValueError(f"mode must be one of {FORWARD_MODES}, got {mode!r}")
+    if select_index is not None and mode != "draft_extend_v2":
+        raise ValueError("select_index is for mode 'draft_extend_v2'")
+    if logits_buffer is not None and mode != "target_verify":
+        raise ValueError("logits_buffer is for mode 'target_verify'")
     if mode == "decode":
-        if select_index is not None:
-            raise ValueError("select_index is for mode 'draft_extend_v2'")
         return LogitsMetadata(forward_mode=ForwardMode.DECODE)
     if mode == "draft_extend_v2":
         return LogitsMetadata(
             forward_mode=ForwardMode.DRAFT_EXTEND_V2, draft_extend_select_index=select_index
         )
-    raise ValueError(f"mode must be one of {FORWARD_MODES}, got {mode!r}")
+    return LogitsMetadata(
+        forward_mode=ForwardMode.TARGET_VERIFY, next_token_logits_buffer=logits_buffer
+    )
 
 
 def logits_forward(
@@ -386,11 +396,14 @@ def logits_forward(
     *,
     mode: str,
     select_index: Optional[torch.Tensor] = None,
+    logits_buffer: Optional[torch.Tensor] = None,
 ):
     """The ``LogitsProcessorOutput`` of ``processor.forward(input_ids, hidden_states, lm_head,
-    metadata)``. ``mode``: ``"decode"`` or ``"draft_extend_v2"`` (``select_index`` then picks the
-    rows that get logits, or None for all). No logprobs; ``input_ids`` are zeros (unread)."""
-    metadata = logits_metadata(mode, select_index)
+    metadata)``. ``mode``: ``"decode"``, ``"draft_extend_v2"`` (``select_index`` then picks the
+    rows that get logits, or None for all) or ``"target_verify"`` (``logits_buffer``: the fp32
+    ``[rows, vocab]`` buffer SGLang's graph runner hands the call, or None). No logprobs;
+    ``input_ids`` are zeros (unread)."""
+    metadata = logits_metadata(mode, select_index, logits_buffer)
     input_ids = torch.zeros(hidden_states.shape[0], dtype=torch.int64, device=hidden_states.device)
     return processor.forward(input_ids, hidden_states, lm_head, metadata)
 

@@ -99,6 +99,12 @@ def topk1_module(*, strip_asserts: bool = False) -> types.ModuleType:
     return load_sglang_file("kernels/ops/speculative/topk1.py", strip_asserts=strip_asserts)
 
 
+def softcap_module() -> types.ModuleType:
+    """``sglang/kernels/ops/activation/softcap.py``: ``cast_to_float32_logits``, SGLang's cast of
+    bf16 logits into its fp32 logits buffer (and the softcapping kernels)."""
+    return load_sglang_file("kernels/ops/activation/softcap.py")
+
+
 def sglang_function(relpath: str, qualname: str, namespace: dict, *, closure: dict | None = None):
     """SGLang's function ``qualname`` (``f``, ``Class.method`` or ``Class.method.inner``) from
     ``sglang/<relpath>``, compiled from its own source (tracebacks show SGLang's file and lines)

@@ -6,6 +6,8 @@ reference kernels), the module is skipped with a reason. Where it is installed, 
 ``sglang.srt.plugins`` (which imports SGLang's dependencies) must work: a broken dependency raises
 here and the module errors, instead of some 200 tests turning silently into skips.
 
+The GPU tests that need SGLang's runtime on a machine without its dependencies installed ask
+:func:`sglang_runtime_missing` (``test/gpu_sglang_env.sh`` provides them) and skip with its reason.
 :func:`modules_requiring_sglang` lists the test modules that call ``require_sglang()``: the GPU
 runner (``test/run_gpu.sh``) runs them apart, in SGLang's environment, and the others without it.
 ``python -m sglang_dsa_mtp.testing.sglang_import PATH...`` prints them, one a line.
@@ -14,6 +16,7 @@ runner (``test/run_gpu.sh``) runs them apart, in SGLang's environment, and the o
 from __future__ import annotations
 
 import ast
+import importlib.util
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -21,6 +24,8 @@ from pathlib import Path
 import pytest
 
 NOT_INSTALLED = "needs SGLang with its dependencies installed (the sglang distribution is not)"
+# Top-level modules that importing SGLang needs and that a bare GPU machine lacks.
+SGLANG_IMPORTS = ("pydantic", "zmq", "orjson", "msgspec", "tvm_ffi", "IPython", "openai", "fastapi")
 
 
 def sglang_version():
@@ -43,6 +48,16 @@ def require_sglang() -> None:
             f"sglang {version} is installed but `import sglang.srt.plugins` failed ({e}): "
             "the tests that need SGLang cannot run; repair the installation"
         ) from e
+
+
+def sglang_runtime_missing():
+    """Why SGLang cannot be imported in a test's worker processes here, or None."""
+    if sglang_version() is None:
+        return "SGLang's distribution metadata is not on the path"
+    missing = [name for name in SGLANG_IMPORTS if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"SGLang's dependencies {missing} are not importable"
+    return None
 
 
 def calls_require_sglang(path: Path) -> bool:

@@ -24,6 +24,7 @@ from sglang_dsa_mtp.e2e.protocol import (  # noqa: E402
 SWITCH_ENVS = (
     "SGLANG_DSA_BOUNDED_REPLAY_METADATA",
     "SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE",
+    "SGLANG_SPEC_VERIFY_ARGMAX_EXCHANGE",
     "SGLANG_DSA_LIVE_WIDTH",
 )
 # The spec's model flags, which the presets leave to the command line.

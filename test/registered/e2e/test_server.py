@@ -34,7 +34,7 @@ def _free_port() -> int:
 
 @pytest.mark.parametrize(
     "arm, switches",
-    [("stock", ["0", "0", "0"]), ("plugin", [None, None, None])],
+    [("stock", ["0", "0", "0", "0"]), ("plugin", [None, None, None, None])],
 )
 def test_launch_waits_for_health_runs_with_the_arm_switches_and_stops_the_server(
     tmp_path, arm, switches

@@ -85,6 +85,12 @@ class EmulatedPeerGroup:
                 )
         return total
 
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Rank ``src``'s ``tensor``: what this rank computed from the same logits (SGLang's
+        sampled verify broadcasts rank 0's outcome)."""
+        self.calls.append("broadcast")
+        return tensor
+
     def is_symmetric_memory_enabled(self) -> bool:
         return False
 
@@ -246,4 +252,65 @@ def draft_head():
         )
 
     with stack:
+        yield build
+
+
+@dataclass
+class TargetHead:
+    """The target model of a ``draft_head`` deployment, for the target-verify exchange: its
+    ``processor`` (the one the EAGLE worker opts in, computing the group's peer shards too) and
+    ``stock``, a second SGLang ``LogitsProcessor`` of the same config that never opts in; both run
+    the target's ``lm_head``."""
+
+    deployment: DraftHead
+    processor: object
+    stock: object
+    lm_head: object
+    model: object
+
+    @property
+    def group(self) -> EmulatedPeerGroup:
+        return self.deployment.group
+
+    @property
+    def vocab_size(self) -> int:
+        return self.deployment.vocab_size
+
+    def forward(self, processor, hidden: torch.Tensor, logits_buffer=None):
+        """SGLang's target-verify ``LogitsProcessor.forward`` of ``processor`` on ``hidden`` (the
+        group's peers compute their shards of the same rows)."""
+        from sglang_dsa_mtp.testing.deployment import logits_forward
+
+        self.group.hidden = hidden
+        return logits_forward(
+            processor, self.lm_head, hidden, mode="target_verify", logits_buffer=logits_buffer
+        )
+
+
+@pytest.fixture
+def target_head(draft_head):
+    """``target_head(logit_scale=None, **options)``: the target model of ``draft_head(**options)``
+    (its processor without a logit scale, as the DeepSeek and GLM targets build it; with
+    ``logit_scale`` both processors get one), in an EAGLE 4/1/5 launch of up to 48 requests."""
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+    from sglang.srt.runtime_context import get_schedule, get_spec
+
+    def build(logit_scale=None, **options) -> TargetHead:
+        head = draft_head(**options)
+        model = head.target
+        config = model.logits_processor.config
+        if logit_scale is not None:
+            model.logits_processor = LogitsProcessor(config, logit_scale=logit_scale)
+            head.group.logit_scale = logit_scale
+        head.group.processor = model.logits_processor
+        stock = LogitsProcessor(config, logit_scale=logit_scale)
+        return TargetHead(head, model.logits_processor, stock, model.lm_head, model)
+
+    eagle = dict(
+        speculative_algorithm="EAGLE",
+        speculative_num_steps=4,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=5,
+    )
+    with get_spec().override(**eagle), get_schedule().override(max_running_requests=48):
         yield build

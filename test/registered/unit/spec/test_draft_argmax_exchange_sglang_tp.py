@@ -19,11 +19,9 @@ worker runs eagerly in a two-process gloo group (the ``gloo`` route, small sizes
 the harness's checks too.
 """
 
-import importlib.util
 import json
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -36,7 +34,7 @@ from sglang_dsa_mtp.testing.argmax_cases import (
     pick_state,
     reference_pick,
 )
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.sglang_import import require_sglang, sglang_runtime_missing
 from sglang_dsa_mtp.testing.tp import (
     CPU_ROUTE,
     GPU_ROUTES,
@@ -89,20 +87,6 @@ ENGAGES = {
     "symm-mem-pynccl": False,
     CPU_ROUTE: True,
 }
-# Top-level modules that importing SGLang needs and that a bare GPU machine lacks.
-SGLANG_IMPORTS = ("pydantic", "zmq", "orjson", "msgspec", "tvm_ffi", "IPython", "openai", "fastapi")
-
-
-def sglang_runtime_missing():
-    """Why SGLang cannot be imported in the worker processes here, or None."""
-    try:
-        metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return "SGLang's distribution metadata is not on the path"
-    missing = [name for name in SGLANG_IMPORTS if importlib.util.find_spec(name) is None]
-    if missing:
-        return f"SGLang's dependencies {missing} are not importable"
-    return None
 
 
 def check_reports(reports, world, route, sizes):

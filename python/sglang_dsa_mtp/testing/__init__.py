@@ -17,6 +17,8 @@ this package. What is here:
 - ``serving_loop``: EAGLE rounds replayed through them, every metadata buffer compared, failures
   injected, Triton's compiles counted;
 - ``indexer_cases``: the DSA indexer's chunked paged-MQA logits, SGLang's and the live-width copy;
+- ``verify_rounds``: one EAGLE verify round through SGLang's own verify code (its batches,
+  sampling info, verify input and ``eagle_sample``), for the target-verify argmax exchange;
 - ``verify_tree``: a chain draft's verify inputs, built SGLang's FULL_MASK way and its chain-tree way;
 - ``tp``: tensor-parallel groups of processes: spawning them, SGLang's real TP group on CPU (gloo)
   and on GPU (one all-reduce route at a time), a raw NCCL group and its all-reduce arms, the

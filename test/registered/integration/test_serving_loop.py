@@ -10,7 +10,7 @@ holding; and the arms are what they claim (the plugin's kernels, dropped tables,
 the one launch; SGLang's everywhere in the other).
 
 On a GPU: SGLang's capture list for ``--cuda-graph-max-bs-decode 48``, a 1M-token context, real
-CUDA graphs, 2,000 rounds (6,000 replays per arm). On the CPU, its twin: max bs 3, a 128-token
+CUDA graphs, 720 rounds (2,160 replays per arm: 120 rounds of each of the six servers). On the CPU, its twin: max bs 3, a 128-token
 context, the graphs simulated, 24 rounds, Triton's interpreter (which compiles nothing).
 """
 
@@ -28,7 +28,7 @@ require_sglang()
 from sglang_dsa_mtp.testing import dsa_backends as kit
 from sglang_dsa_mtp.testing import dsa_serving, serving_loop
 
-GPU_ROUNDS = 2000
+GPU_ROUNDS = 720  # at least 2,000 replays per arm
 CPU_ROUNDS = 24  # 4 per server: the injections' rounds
 
 

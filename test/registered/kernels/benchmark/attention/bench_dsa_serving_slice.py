@@ -69,7 +69,7 @@ DRY_RUN = dict(rounds_per_server=4, max_bs=3, memory_max_bs=[2, 3], host_calls=2
 def build_parser():
     parser = benchmark_parser(__doc__)
     parser.add_argument(
-        "--rounds", type=int, default=2000, help="serving-loop rounds (3 replays each, per arm)"
+        "--rounds", type=int, default=720, help="serving-loop rounds (3 replays each, per arm)"
     )
     parser.add_argument(
         "--launch",

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import random
 import time
@@ -56,6 +57,7 @@ from typing import Optional
 
 import torch
 
+from sglang_dsa_mtp import log as plugin_log
 from sglang_dsa_mtp.testing import dsa_backends as kit
 from sglang_dsa_mtp.testing import dsa_serving as slice_
 from sglang_dsa_mtp.testing.compiles import count_compiles, forget_compiled
@@ -634,22 +636,24 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
             f"per server ({4 * len(pairs)} in all)"
         )
     counters = {"on": [], "off": 0}
-    servers = []  # kept to the end: the plugin's log keys name its objects by id
     forward = torch.cuda.Stream() if device.type == "cuda" else None
     with _plugin_log() as log:
         forget_all_compiled()
         indexer = _IndexerStep(config, monkeypatch, report, rng, gen)
         for number, ((launch_name, seeded), share) in enumerate(zip(pairs, shares)):
-            with slice_.launch(launch_name, sizes) as (_, captured):
+            # Each server in a process of its own, as it were: its injections undone and its memory
+            # freed when it is done, and a fresh once-per-process log memory (the plugin's log keys
+            # name objects by id, which a later server's objects may reuse).
+            with slice_.launch(launch_name, sizes) as (_, captured), monkeypatch.context() as own:
+                own.setattr(plugin_log, "_seen", set())
                 server = _Server(config, launch_name, seeded, captured, rng, gen)
-                servers.append(server)
                 victims = _victims(captured, rng)
                 if config.inject:
-                    server.inject_before_capture(monkeypatch, victims)
+                    server.inject_before_capture(own, victims)
                 server.capture()
                 server.check_engaged()
                 if config.inject:
-                    server.inject_at_replay(monkeypatch, victims)
+                    server.inject_at_replay(own, victims)
                 start = time.perf_counter()
                 # The victims' batch sizes first, the replay injections armed from a third in.
                 arm_at = max(2, share // 3)
@@ -673,6 +677,10 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
                 report.injections += server.injections
                 if progress is not None:
                     progress(_progress_line(server.report))
+                del server
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         report.injections += indexer.injections
     for injection in report.injections:
         injection.lines = [m for m in log.messages if injection.text in m]

@@ -126,7 +126,7 @@ def check_reports(reports, world, route, sizes):
             if forward["compiles"] is not None:
                 assert forward["compiles"] == [], f"{where}: compiled after the opt-in"
     not_offered = sorted({r["not_offered"] for r in reports if r["not_offered"]})
-    if not_offered:
+    if not_offered and world > 1:  # one rank all-reduces nothing: no route to offer
         pytest.skip(f"route {route} not offered here ({'; '.join(not_offered)}); checks passed")
 
 

@@ -132,12 +132,14 @@ def copy_live_tiles(
         real_offs = (offs_n // physical_page_size) * real_page_table_stride_1
         real_vals = vals // physical_page_size
         real_mask = mask & ((offs_n % physical_page_size) == 0)
-        # The request's num_rows rows, out of a constant BLOCK_ROWS, the rest masked off. Not
-        # `range(num_rows)`: Triton 3.6's TritonGPURemoveLayoutConversions prunes a loop-carried
-        # value whose only use is the bound of a nested loop and puts its value from before the
-        # loop in its place (upstream triton-lang/triton pull request 9036), so every draft-extend
-        # tile wrote the row count of its program's first request, not of its own.
-        for r in range(BLOCK_ROWS):
+        # The request's rows: ROWS_PER_REQUEST of them (decode, target verify), or its num_rows
+        # draft-extend rows. Each store is also masked by `r < num_rows` (true for every r the
+        # loop takes): that use inside the loop keeps num_rows a live loop-carried value. Without
+        # it, num_rows's only use is the bound of the nested loop, and Triton 3.6's
+        # TritonGPURemoveLayoutConversions prunes such a value and puts its value from before the
+        # loop in its place (upstream triton-lang/triton pull request 9036): every draft-extend
+        # tile then wrote the row count of its program's first request, not of its own.
+        for r in range(ROWS_PER_REQUEST if ROWS_PER_REQUEST > 0 else num_rows):
             row_live = (ROWS_PER_REQUEST > 0) | (r < num_rows)
             for d in tl.static_range(len(page_tables)):
                 if HAS_PAGE_TABLE_1:

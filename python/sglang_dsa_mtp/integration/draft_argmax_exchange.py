@@ -218,6 +218,18 @@ def _local_blocker(
     )
     if reason is not None:
         return reason
+    rows = sorted({1, max(1, int(max_rows)), *(int(r) for r in capture_rows or ())})
+    return shard_exchange_blocker(processor, lm_head, group, rows, facts, draft_steps=draft_steps)
+
+
+def shard_exchange_blocker(
+    processor, lm_head, group, rows: list[int], facts: dict, *, draft_steps: Optional[int] = None
+) -> Optional[str]:
+    """The checks both argmax exchanges (draft and target verify) make once the switch, the
+    processor and the LM head allow one: the logits dtypes, the shard's layout, the all-reduce
+    route of the exchange buffer at 1 and the most ``rows`` (never NCCL inside a CUDA-graph
+    capture), and every kernel variant for ``rows`` compiled ahead. Why this rank must keep
+    SGLang's gather, or None; ``facts`` gets the route, the variant count and the ``layout``."""
     shard_width = lm_head.num_embeddings_per_partition
     dtypes = logits_dtypes(processor, lm_head)
     if any(dtype not in LOGITS_DTYPES for dtype in dtypes):
@@ -231,7 +243,6 @@ def _local_blocker(
         )
     except (TypeError, ValueError) as exc:
         return f"the LM head's shard does not fit the exchange ({exc})"
-    rows = sorted({1, max(1, int(max_rows)), *(int(r) for r in capture_rows or ())})
     for probe_rows in sorted({1, max(rows)}):
         probe = torch.empty(
             exchange_shape(probe_rows, shard_width, group.world_size),

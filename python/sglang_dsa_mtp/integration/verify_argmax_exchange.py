@@ -38,18 +38,15 @@ from sglang_dsa_mtp.integration.draft_argmax_exchange import (
     head_facts,
     lm_head_blocker,
     logits_dtypes,
+    shard_exchange_blocker,
 )
 from sglang_dsa_mtp.integration.state import ProcessorState, peek, state_of
-from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group, all_reduce_route
+from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import (
-    LOGITS_DTYPES,
     MAX_VOCAB,
     PartialsLayout,
-    exchange_shape,
     launch_finalize,
     launch_partials,
-    partials_layout,
-    warm_up,
 )
 from sglang_dsa_mtp.log import log_once
 from sglang_dsa_mtp.switches import VERIFY_ARGMAX_EXCHANGE
@@ -222,46 +219,7 @@ def _local_blocker(processor, lm_head, group, rows: list[int], facts: dict) -> O
     )
     if reason is not None:
         return reason
-    shard_width = lm_head.num_embeddings_per_partition
-    dtypes = logits_dtypes(processor, lm_head)
-    if any(dtype not in LOGITS_DTYPES for dtype in dtypes):
-        return f"SGLang's LM head can give {dtypes} logits; the partials take bf16 or fp32"
-    try:
-        layout = partials_layout(
-            shard_width=shard_width,
-            tp_rank=group.rank_in_group,
-            tp_size=group.world_size,
-            vocab_size=processor.vocab_size,
-        )
-    except (TypeError, ValueError) as exc:
-        return f"the LM head's shard does not fit the exchange ({exc})"
-    for probe_rows in sorted({1, max(rows)}):
-        probe = torch.empty(
-            exchange_shape(probe_rows, shard_width, group.world_size),
-            dtype=torch.float32,
-            device=lm_head.weight.device,
-        )
-        route, nccl = all_reduce_route(group, probe)
-        facts["all-reduce"] = route
-        if nccl:
-            return (
-                f"the exchange's all-reduce ({probe_rows} rows) would run on NCCL ({route}) "
-                "inside the CUDA-graph capture"
-            )
-    try:
-        variants = warm_up(
-            rows=rows,
-            shard_width=shard_width,
-            tp_size=group.world_size,
-            vocab_size=processor.vocab_size,
-            dtypes=dtypes,
-            device=lm_head.weight.device,
-        )
-    except Exception as exc:
-        return f"compiling the exchange kernels ahead failed ({type(exc).__name__}: {exc})"
-    facts["kernel variants compiled ahead"] = len(variants)
-    facts["layout"] = layout
-    return None
+    return shard_exchange_blocker(processor, lm_head, group, rows, facts)
 
 
 def opt_in(

@@ -273,6 +273,25 @@ def shard_exchange_blocker(
     return None
 
 
+def agreed_blocker(lm_head, facts: dict, local_blocker) -> Optional[str]:
+    """The collective half of both exchanges' opt-ins: this rank's answer of
+    ``local_blocker(group, facts)`` (why it must keep SGLang's path, or None; a raise is an answer
+    too), agreed across the TP group so that every rank decides the same; ``facts`` gets the TP
+    size and the LM head's facts first. No TP group: why, without agreeing."""
+    try:
+        group = get_parallel().tp_group
+    except Exception as exc:  # no TP group to exchange over, nor to agree with
+        return f"no TP group ({type(exc).__name__}: {exc})"
+    facts["tp size"] = group.world_size
+    facts.update(head_facts(lm_head))
+    try:
+        reason = local_blocker(group, facts)
+    except Exception as exc:  # never take the server down: SGLang's path stays
+        reason = f"the opt-in check raised {type(exc).__name__}: {exc}"
+    # Every rank gets here, whatever happened.
+    return agree_across_group(group, reason)
+
+
 def opt_in(
     processor,
     lm_head,
@@ -286,21 +305,13 @@ def opt_in(
     ``processor`` (or leaves it gathering) and returns the decision with its facts, after
     ``facts`` (the caller's, first in the line)."""
     decision = ExchangeDecision(facts=dict(facts or {}))
-    try:
-        group = get_parallel().tp_group
-    except Exception as exc:  # no TP group to exchange over, nor to agree with
-        group, decision.reason = None, f"no TP group ({type(exc).__name__}: {exc})"
-    else:
-        decision.facts["tp size"] = group.world_size
-        decision.facts.update(head_facts(lm_head))
-        try:
-            decision.reason = _local_blocker(
-                processor, lm_head, group, max_rows, capture_rows, draft_steps, decision.facts
-            )
-        except Exception as exc:  # never take the server down: the gather stays
-            decision.reason = f"the opt-in check raised {type(exc).__name__}: {exc}"
-        # Every rank gets here, whatever happened.
-        decision.reason = agree_across_group(group, decision.reason)
+    decision.reason = agreed_blocker(
+        lm_head,
+        decision.facts,
+        lambda group, facts: _local_blocker(
+            processor, lm_head, group, max_rows, capture_rows, draft_steps, facts
+        ),
+    )
     layout = decision.facts.pop("layout", None)
     state = state_of(processor, ProcessorState)
     if not decision.engaged:

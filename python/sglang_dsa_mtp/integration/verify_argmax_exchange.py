@@ -34,14 +34,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from sglang_dsa_mtp.integration.draft_argmax_exchange import (
     ExchangeDecision,
+    agreed_blocker,
     exchange_instead_of_gather,
-    head_facts,
     lm_head_blocker,
     logits_dtypes,
     shard_exchange_blocker,
 )
 from sglang_dsa_mtp.integration.state import ProcessorState, peek, state_of
-from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import (
     MAX_VOCAB,
     PartialsLayout,
@@ -246,20 +245,12 @@ def opt_in(
     kernels exist before the first request."""
     decision = VerifyDecision(facts=dict(facts or {}))
     rows = sorted({1, max(1, int(max_rows)), *(int(r) for r in capture_rows or ())})
-    try:
-        group = get_parallel().tp_group
-    except Exception as exc:  # no TP group to exchange over, nor to agree with
-        group, decision.reason = None, f"no TP group ({type(exc).__name__}: {exc})"
-    else:
-        decision.facts["tp size"] = group.world_size
-        decision.facts.update(head_facts(lm_head))
-        decision.facts["verify rows up to"] = max(rows)
-        try:
-            decision.reason = _local_blocker(processor, lm_head, group, rows, decision.facts)
-        except Exception as exc:  # never take the server down: SGLang's path stays
-            decision.reason = f"the opt-in check raised {type(exc).__name__}: {exc}"
-        # Every rank gets here, whatever happened.
-        decision.reason = agree_across_group(group, decision.reason)
+
+    def local_blocker(group, facts):
+        facts["verify rows up to"] = max(rows)
+        return _local_blocker(processor, lm_head, group, rows, facts)
+
+    decision.reason = agreed_blocker(lm_head, decision.facts, local_blocker)
     layout = decision.facts.pop("layout", None)
     state = state_of(processor, ProcessorState)
     if not decision.engaged:

@@ -1,9 +1,11 @@
 """The repository speaks to its users: every file the docs cite is in the repository, no path of a
 particular machine or name of a remote-execution setup, no fact that rests on a machine or a source
 the reader cannot see ("the GPU machine", "the design review"), "the spec" says what it is, a plot
-command names a data file that ships, the measured test count is stated once per page, and the
-SGLang wheel folder is ignored by git."""
+command names a data file that ships, the measured test count is stated once per page, the
+SGLang wheel folder is ignored by git, and the figures of README's first paragraph and of spec.md's
+status are the ones the data files under docs/data hold."""
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -179,3 +181,101 @@ def test_the_sglang_wheel_folder_is_ignored_by_git():
 def test_the_docs_speak_of_the_project_not_of_its_issues(doc):
     """No issue numbers: a reader of the repository has no issue tracker to look them up in."""
     assert not re.search(r"\bissues?[ -]?\d+|\bissue #\d+", doc.read_text(), flags=re.I)
+
+
+# --- the quoted figures, read back from the data they were measured into -------------------------
+
+DATA = ROOT / "docs" / "data" / "h200"
+# The replay-metadata sweep's op names, as the docs write them.
+SWEEP_OPS = {"decode": "decode", "target-verify": "verify", "draft-extend": "draft_extend"}
+ONE_LAUNCH = "one launch streaming=0"  # the form that ships; the sweep also timed a streaming store
+STOCK_MTP_ARMS = ("stock", "stock foreach")
+
+
+def _points(name: str) -> list[dict]:
+    return json.loads((DATA / name).read_text())["points"]
+
+
+def _point(points: list[dict], **key) -> dict:
+    (found,) = [p for p in points if all(p[k] == v for k, v in key.items())]
+    return found
+
+
+def _quoted(pattern: str, text: str, doc: str) -> tuple[str, ...]:
+    """The groups of ``pattern`` in ``text``, a space in ``pattern`` matching any line break."""
+    found = re.search(pattern.replace(" ", r"\s+"), text, flags=re.S)
+    assert found, f"{doc}: no sentence matches {pattern!r}"
+    return found.groups()
+
+
+def _us(value: float) -> str:
+    return f"{value:.1f}"
+
+
+def _readme_headline() -> tuple[str, int, int]:
+    """README's first paragraph (the text between the title and the first section), and the batch
+    size and live length its figures are quoted at."""
+    text = (ROOT / "README.md").read_text().split("\n## ", 1)[0]
+    bs, live_k = _quoted(r"bs (\d+) and (\d+)k live tokens per request", text, "README.md")
+    return text, int(bs), int(live_k) * 1024
+
+
+def test_the_readme_headline_quotes_the_replay_metadata_sweep():
+    """The target-verify point of README's headline, against both of SGLang's kernels at
+    ``index_kpool`` 1, is the sweep's point at that batch size and live length."""
+    text, bs, live = _readme_headline()
+    (op,) = _quoted(r"the (target-verify) replay metadata \(", text, "README.md")
+    point = _point(
+        _points("replay-metadata-sweep.json"),
+        op=SWEEP_OPS[op],
+        live=live,
+        bs=bs,
+        mixed=False,
+    )
+    quoted = _quoted(
+        r"replay metadata \([^)]*\) takes ([\d.]+) us per step.*?against ([\d.]+) us for SGLang's"
+        r" KPool kernels.*?and ([\d.]+) us for the unbounded kernels",
+        text,
+        "README.md",
+    )
+    assert quoted == (_us(point["ours"]), _us(point["sglang_kpool"]), _us(point["sglang"]))
+
+
+def test_the_readme_headline_quotes_the_mtp_draft_decode_sweep():
+    """The MTP point of README's headline is the one launch against the faster stock arm."""
+    text, bs, live = _readme_headline()
+    steps, ours, stock = _quoted(
+        r"into the (\d) draft-step backends[^.]*?takes ([\d.]+) us against ([\d.]+) us",
+        text,
+        "README.md",
+    )
+    point = _point(
+        _points("mtp-draft-decode-metadata.json"),
+        steps=int(steps),
+        live=live,
+        bs=bs,
+        mixed=False,
+    )
+    assert (ours, stock) == (
+        _us(point[ONE_LAUNCH]),
+        _us(min(point[arm] for arm in STOCK_MTP_ARMS)),
+    )
+
+
+def test_spec_md_states_the_sweep_as_it_stands():
+    """spec.md's status of the balanced grid: how many of the sweep's points ours wins against both
+    SGLang arms, and how much slower the others are than the faster arm, SGLang's KPool kernels."""
+    text = (ROOT / "docs" / "spec.md").read_text()
+    points = _points("replay-metadata-sweep.json")
+    lost = [p for p in points if p["ours"] >= min(p["sglang"], p["sglang_kpool"])]
+    won, total, others, slower = _quoted(
+        r"faster than both SGLang arms at (\d+) of the (\d+) points of the sweep.*?"
+        r"the other (\d+) are heavy decode points, (.*?) slower than SGLang's KPool kernels",
+        text,
+        "docs/spec.md",
+    )
+    assert (int(won), int(total), int(others)) == (len(points) - len(lost), len(points), len(lost))
+    assert all(p["op"] == "decode" and not p["mixed"] for p in lost), "not all heavy decode"
+    assert all(p["sglang_kpool"] <= p["sglang"] for p in lost), "not the KPool arm"
+    percents = sorted(100 * (p["ours"] / p["sglang_kpool"] - 1) for p in lost)
+    assert re.findall(r"([\d.]+)%", slower) == [f"{pct:.1f}" for pct in percents]

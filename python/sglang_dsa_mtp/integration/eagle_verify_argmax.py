@@ -35,10 +35,10 @@ from sglang_dsa_mtp.integration.verify_argmax_exchange import (
     DEFAULT_MAX_ROWS,
     VerifyDecision,
     full_logits,
-    kept_shard_of,
     opt_in,
     verify_state,
 )
+from sglang_dsa_mtp.integration.vocab_shard_exchange import kept_shard_of
 from sglang_dsa_mtp.switches import VERIFY_ARGMAX_EXCHANGE
 
 # Target models whose forward returns the LogitsProcessor's output untouched (checked in 0.5.23:

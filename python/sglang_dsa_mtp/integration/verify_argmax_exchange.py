@@ -69,19 +69,24 @@ def verify_state(processor) -> Optional[Exchange]:
 
 def keep_shard(processor, state: Exchange, hidden_states, lm_head, logits_buffer) -> torch.Tensor:
     """The target-verify call of an engaged processor: this rank's LM-head shard (SGLang's
-    ``_compute_lm_head``, then its ``logit_scale``), its argmax partials, SGLang's TP all-reduce
-    of them and the ``propagate`` finalize; returns the shard kept in ``logits_buffer``'s storage
-    with the tokens (``keep_in_buffer``). The shard is SGLang's own output copied, not a matmul
-    into the buffer: bit for bit SGLang's whichever LM-head branch it takes, and no larger than the
-    transient SGLang's own call allocates before its gather and cast."""
+    ``_compute_lm_head``, then its ``logit_scale``) kept in ``logits_buffer``'s storage
+    (``keep_in_buffer``), its argmax partials, SGLang's TP all-reduce of them and the
+    ``propagate`` finalize, whose tokens are kept beside it; returns the kept shard.
+
+    The shard is SGLang's own output copied, not a matmul into the buffer: bit for bit SGLang's
+    whichever LM-head branch it takes. The copy is no larger than the transient SGLang's own call
+    allocates for the same output before its gather and cast, and it is freed before the partials
+    are allocated, so the call's peak stays at most SGLang's."""
     shard = processor._compute_lm_head(hidden_states, lm_head, None)
     if processor.logit_scale is not None:
         shard.mul_(processor.logit_scale)
-    exchange = launch_partials(state.layout, shard)
+    kept, tokens = keep_in_buffer(processor, shard, logits_buffer)
+    del shard
+    exchange = launch_partials(state.layout, kept)
     if state.layout.tp_size > 1:
         exchange = get_parallel().tp_group.all_reduce(exchange)
-    _, tokens = launch_finalize(exchange, propagate_nan=True)
-    return keep_in_buffer(processor, shard, tokens, logits_buffer)
+    tokens.copy_(launch_finalize(exchange, propagate_nan=True)[1])
+    return kept
 
 
 def full_logits(kept: KeptShard, start: int, rows: torch.Tensor) -> torch.Tensor:

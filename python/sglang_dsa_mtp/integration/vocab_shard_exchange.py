@@ -370,11 +370,12 @@ def buffer_blocker(buffer, rows: int, vocab: int, device) -> Optional[str]:
 
 
 def keep_in_buffer(
-    processor, shard: torch.Tensor, tokens: torch.Tensor, buffer: torch.Tensor
-) -> torch.Tensor:
-    """Copy ``shard`` (``[rows, width]``) and its picked ``tokens`` into the storage of ``buffer``
-    (checked by :func:`buffer_blocker`), at the same place for every row count; returns the kept
-    shard, a ``[rows, width]`` view of that storage that :func:`kept_shard_of` maps back."""
+    processor, shard: torch.Tensor, buffer: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy ``shard`` (``[rows, width]``) into the storage of ``buffer`` (checked by
+    :func:`buffer_blocker`), at the same place for every row count; returns ``(kept, tokens)``:
+    the kept shard, a ``[rows, width]`` view of that storage that :func:`kept_shard_of` maps back,
+    and the int64 ``[rows, 1]`` view of it where the rows' picked tokens go."""
     storage = buffer.untyped_storage()
     rows, width = shard.shape
     capacity = storage.nbytes() // (processor.vocab_size * 4)
@@ -388,8 +389,7 @@ def keep_in_buffer(
         _KEPT[key] = place
     kept = place.view(storage, shard.dtype, 0, (rows, width))
     kept.copy_(shard)
-    place.view(storage, TOKEN_DTYPE, place.tokens_offset(), (rows, 1)).copy_(tokens)
-    return kept
+    return kept, place.view(storage, TOKEN_DTYPE, place.tokens_offset(), (rows, 1))
 
 
 def kept_shard_of(logits) -> Optional[tuple[KeptShard, int]]:

@@ -26,7 +26,6 @@ from sglang_dsa_mtp.integration.state import ProcessorState, peek
 from sglang_dsa_mtp.integration.vocab_shard_exchange import (
     Decision,
     Exchange,
-    agreed_warm_up,
     engage_processor,
     lm_head_blocker,
     shard_exchange_blocker,
@@ -135,8 +134,22 @@ def opt_in(
     def local_blocker(group, facts):
         return _local_blocker(processor, lm_head, group, max_rows, capture_rows, draft_steps, facts)
 
-    if engage_processor(processor, lm_head, decision, local_blocker, "exchange") is not None:
-        _prebuild_gatherer(processor, lm_head)
+    # SGLang's MultimemAllGatherer builds its symmetric-memory buffer (max tokens x vocab) on its
+    # first eager call; without the exchange that is a draft-decode capture warm-up at start-up.
+    # With it, draft decode no longer gathers, and the first gather would be the first draft
+    # prefill while serving: an unplanned collective allocation there. So it runs once now.
+    fp32 = processor.use_fp32_lm_head or processor.use_fp32_lm_head_output
+    engage_processor(
+        processor,
+        lm_head,
+        decision,
+        local_blocker,
+        "exchange",
+        gather_rows=(1,),
+        gather_dtypes=(torch.float32 if fp32 else lm_head.weight.dtype,),
+        cast=False,
+        what="the draft logits gather",
+    )
     return decision
 
 
@@ -169,26 +182,6 @@ def enable_draft_argmax_exchange(
     )
     decision.log()
     return decision.engaged
-
-
-def _prebuild_gatherer(processor, lm_head) -> None:
-    """Run the processor's logits gather once now, on every rank (all ranks engaged together).
-
-    SGLang's ``MultimemAllGatherer`` builds its symmetric-memory buffer (max tokens x vocab) on its
-    first eager call; without the exchange that is a draft-decode capture warm-up at start-up. With
-    the exchange, draft decode no longer gathers, and the first gather would be the first draft
-    prefill while serving: an unplanned collective allocation there. The ranks agree before and
-    after the gather (:func:`agreed_warm_up`); a failure on any rank is logged on every rank and
-    leaves the gather to build lazily, as before."""
-    fp32 = processor.use_fp32_lm_head or processor.use_fp32_lm_head_output
-    dtype = torch.float32 if fp32 else lm_head.weight.dtype
-    width, device = lm_head.num_embeddings_per_partition, lm_head.weight.device
-
-    def gather_once():
-        shard = torch.zeros((1, width), dtype=dtype, device=device)
-        return lambda: processor._logits_gatherer(shard)
-
-    agreed_warm_up([gather_once], "the draft logits gather")
 
 
 def _exchange_applies(state, lm_head, logits_metadata, embedding_bias) -> bool:

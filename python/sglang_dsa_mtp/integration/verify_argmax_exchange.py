@@ -12,7 +12,7 @@ into the storage of the call's fp32 logits buffer, which SGLang shares between e
 graph (so a graph keeps no memory of its own), and returns the kept shard as
 ``next_token_logits``; ``kept_shard_of`` finds it again from the shard or a row slice of it. After
 the replay, the verify of a greedy batch reads the tokens; any other batch gets
-:func:`full_logits`, SGLang's own gather and cast of the kept shard rows into that buffer,
+``full_logits``, SGLang's own gather and cast of the kept shard rows into that buffer,
 bit-identical to what the graph writes without the plugin. A call without a usable buffer (an eager
 target verify: SGLang's runners give one only to captured graphs) keeps SGLang's path.
 
@@ -29,8 +29,6 @@ import logging
 from typing import Optional
 
 import torch
-from sglang.srt.layers.logits_processor import LogitsMetadata
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.runtime_context import get_parallel
 
 from sglang_dsa_mtp.integration.draft_argmax_exchange import exchange_instead_of_gather
@@ -38,14 +36,11 @@ from sglang_dsa_mtp.integration.state import ProcessorState, peek
 from sglang_dsa_mtp.integration.vocab_shard_exchange import (
     Decision,
     Exchange,
-    KeptShard,
-    agreed_warm_up,
     buffer_blocker,
     engage_processor,
     keep_in_buffer,
     kept_fit_blocker,
     lm_head_blocker,
-    logits_dtypes,
     shard_exchange_blocker,
 )
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import (
@@ -87,27 +82,6 @@ def keep_shard(processor, state: Exchange, hidden_states, lm_head, logits_buffer
         exchange = get_parallel().tp_group.all_reduce(exchange)
     tokens.copy_(launch_finalize(exchange, propagate_nan=True)[1])
     return kept
-
-
-def full_logits(kept: KeptShard, start: int, rows: torch.Tensor) -> torch.Tensor:
-    """SGLang's verify logits of the kept shard ``rows`` (from row ``start``): the processor's own
-    logits all-gather of them (at TP > 1) and its ``_copy_logits_to_buffer`` into those rows of the
-    fp32 logits buffer the shard lives in, as SGLang's ``_get_logits`` ends a call without
-    softcapping. At TP 1 the rows are copied out first: the cast writes over the shard it reads
-    (a copy no larger than the transient SGLang's own call allocates)."""
-    if not kept.processor.do_tensor_parallel_all_gather:
-        rows = rows.clone()
-    return _gather_and_cast(kept.processor, rows, kept.logits_buffer[start : start + rows.shape[0]])
-
-
-def _gather_and_cast(processor, shard_rows: torch.Tensor, buffer: Optional[torch.Tensor]):
-    logits = shard_rows
-    if processor.do_tensor_parallel_all_gather:
-        logits = processor._logits_gatherer(shard_rows)
-    metadata = LogitsMetadata(
-        forward_mode=ForwardMode.TARGET_VERIFY, next_token_logits_buffer=buffer
-    )
-    return processor._copy_logits_to_buffer(logits, metadata)
 
 
 def exchange_logits(
@@ -225,32 +199,14 @@ def opt_in(
         facts["verify rows up to"] = max(rows)
         return _local_blocker(processor, lm_head, group, rows, facts)
 
-    if engage_processor(processor, lm_head, decision, local_blocker, "verify") is not None:
-        _warm_up_full_logits(processor, lm_head)
+    engage_processor(
+        processor,
+        lm_head,
+        decision,
+        local_blocker,
+        "verify",
+        gather_rows=FULL_LOGITS_WARM_UP_ROWS,
+        cast=True,
+        what="the target verify's full-logits path",
+    )
     return decision
-
-
-def _warm_up_full_logits(processor, lm_head) -> None:
-    """Run the full-logits tail on zero shards, on every rank (all engaged together), at each row
-    count of :data:`FULL_LOGITS_WARM_UP_ROWS` and logits dtype: SGLang's multimem all-gather builds
-    its symmetric-memory buffer on its first eager call (in SGLang a target-verify capture warm-up,
-    which no longer gathers) and its gather and cast kernels compile per row-count class. The
-    gathers are collectives: the ranks agree before and after each (``agreed_warm_up``), so that a
-    failure on one rank stops them all before the same gather; it is logged and leaves the rest to
-    the first non-greedy verify."""
-    shard_width, device = lm_head.num_embeddings_per_partition, lm_head.weight.device
-
-    def step(dtype, rows):
-        def prepare():
-            shard = torch.zeros((rows, shard_width), dtype=dtype, device=device)
-            buffer = torch.empty((rows, processor.vocab_size), dtype=torch.float32, device=device)
-            return lambda: _gather_and_cast(processor, shard, buffer)
-
-        return prepare
-
-    steps = [
-        step(dtype, rows)
-        for dtype in logits_dtypes(processor, lm_head)
-        for rows in FULL_LOGITS_WARM_UP_ROWS
-    ]
-    agreed_warm_up(steps, "the target verify's full-logits path")

@@ -7,10 +7,11 @@ This module owns what the two have in common: the checks that SGLang's LM-head p
 matmul over the rank's contiguous vocab shard (:func:`lm_head_blocker`, :func:`logits_dtypes`), the
 shard's layout, all-reduce route and kernels compiled ahead (:func:`shard_exchange_blocker`), the
 ranks' agreement on the answer (:func:`agreed_blocker`) and the engaged state
-(:func:`engage_processor`), the collective warm-ups run in lockstep (:func:`agreed_warm_up`), and
-the target verify's kept shard (:func:`keep_in_buffer`, :func:`kept_shard_of`): the shard and the
-picked tokens live inside the storage of SGLang's fp32 logits buffer, the one every target-verify
-graph shares, so a captured graph keeps no memory of its own.
+(:func:`engage_processor`), the logits tail run ahead in lockstep across the ranks
+(:func:`warm_up_gathers`, :func:`agreed_warm_up`), and the target verify's kept shard
+(:func:`keep_in_buffer`, :func:`kept_shard_of`, :func:`full_logits`): the shard and the picked
+tokens live inside the storage of SGLang's fp32 logits buffer, the one every target-verify graph
+shares, so a captured graph keeps no memory of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Callable, Iterable, Optional
 
 import torch
 from sglang.srt.layers import logits_processor as sglang_logits
+from sglang.srt.layers.logits_processor import LogitsMetadata
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.runtime_context import get_parallel
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -230,18 +233,53 @@ def agreed_blocker(lm_head, facts: dict, local_blocker) -> Optional[str]:
 
 
 def engage_processor(
-    processor, lm_head, decision: Decision, local_blocker, slot: str
+    processor,
+    lm_head,
+    decision: Decision,
+    local_blocker,
+    slot: str,
+    *,
+    gather_rows: tuple[int, ...],
+    gather_dtypes: Optional[tuple[torch.dtype, ...]] = None,
+    cast: bool,
+    what: str,
 ) -> Optional[Exchange]:
     """Decide ``decision`` (:func:`agreed_blocker` of ``local_blocker``) and set the processor's
     ``slot`` of its :class:`ProcessorState` (``"exchange"``: the draft's, ``"verify"``: the
-    target's) to the engaged :class:`Exchange`, or None; returns it."""
+    target's) to the engaged :class:`Exchange`, or None; returns it. Engaged, the processor's
+    logits tail is run ahead (:func:`warm_up_gathers`: ``gather_rows``, ``gather_dtypes``, default
+    :func:`logits_dtypes`, ``cast``), so that what it builds lazily is built before the first
+    request."""
     decision.reason = agreed_blocker(lm_head, decision.facts, local_blocker)
     layout = decision.facts.pop("layout", None)
     exchange = None
     if decision.engaged:
         exchange = Exchange(lm_head, layout, decision.facts.get("all-reduce"))
     setattr(state_of(processor, ProcessorState), slot, exchange)
+    if exchange is not None:
+        dtypes = gather_dtypes or logits_dtypes(processor, lm_head)
+        warm_up_gathers(processor, lm_head, gather_rows, dtypes, cast=cast, what=what)
     return exchange
+
+
+def warm_up_gathers(processor, lm_head, rows, dtypes, *, cast: bool, what: str) -> bool:
+    """Run the processor's logits tail on zero shards at each of ``rows`` and ``dtypes``, on every
+    rank in lockstep (:func:`agreed_warm_up`): its gather at TP > 1 (SGLang's multimem all-gather
+    builds its symmetric-memory buffer on its first eager call) and, with ``cast``, its cast into
+    an fp32 buffer (SGLang's gather and cast kernels compile per row-count class)."""
+    shard_width, device = lm_head.num_embeddings_per_partition, lm_head.weight.device
+
+    def step(dtype, count):
+        def prepare():
+            shard = torch.zeros((count, shard_width), dtype=dtype, device=device)
+            if not cast:
+                return lambda: processor._logits_gatherer(shard)
+            buffer = torch.empty((count, processor.vocab_size), dtype=BUFFER_DTYPE, device=device)
+            return lambda: gather_and_cast(processor, shard, buffer)
+
+        return prepare
+
+    return agreed_warm_up([step(dtype, count) for dtype in dtypes for count in rows], what)
 
 
 def agreed_warm_up(steps: Iterable[Callable[[], Callable[[], object]]], what: str) -> bool:
@@ -409,3 +447,26 @@ def kept_shard_of(logits) -> Optional[tuple[KeptShard, int]]:
     ):
         return None
     return place.kept(storage), logits.storage_offset() // place.width
+
+
+def full_logits(kept: KeptShard, start: int, rows: torch.Tensor) -> torch.Tensor:
+    """SGLang's verify logits of the kept shard ``rows`` (from row ``start``): the processor's own
+    logits all-gather of them (at TP > 1) and its ``_copy_logits_to_buffer`` into those rows of the
+    fp32 logits buffer the shard lives in, as SGLang's ``_get_logits`` ends a call without
+    softcapping. At TP 1 the rows are copied out first: the cast writes over the shard it reads
+    (a copy no larger than the transient SGLang's own call allocates)."""
+    if not kept.processor.do_tensor_parallel_all_gather:
+        rows = rows.clone()
+    return gather_and_cast(kept.processor, rows, kept.logits_buffer[start : start + rows.shape[0]])
+
+
+def gather_and_cast(processor, shard_rows: torch.Tensor, buffer: Optional[torch.Tensor]):
+    """The tail of SGLang's ``_get_logits`` in target verify: the processor's logits gather (at
+    TP > 1), then its ``_copy_logits_to_buffer`` into ``buffer``."""
+    logits = shard_rows
+    if processor.do_tensor_parallel_all_gather:
+        logits = processor._logits_gatherer(shard_rows)
+    metadata = LogitsMetadata(
+        forward_mode=ForwardMode.TARGET_VERIFY, next_token_logits_buffer=buffer
+    )
+    return processor._copy_logits_to_buffer(logits, metadata)

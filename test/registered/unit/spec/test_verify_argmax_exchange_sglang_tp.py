@@ -194,7 +194,7 @@ def test_a_full_logits_warm_up_failing_on_one_rank_stops_every_rank_before_the_s
 
 
 class _FailingZeros:
-    """``torch`` as the verify module sees it, whose ``zeros`` raises at its ``fail_at``-th call."""
+    """``torch`` as the exchange module sees it, whose ``zeros`` raises at its ``fail_at``-th call."""
 
     def __init__(self, fail_at: int):
         self.calls, self.fail_at = 0, fail_at
@@ -221,6 +221,7 @@ def warm_up_failure_worker(rank: int, world: int, init_method: str, result_dir: 
         from sglang.srt.runtime_context import get_schedule, get_spec
 
         from sglang_dsa_mtp.integration import verify_argmax_exchange as site
+        from sglang_dsa_mtp.integration import vocab_shard_exchange as shared
         from sglang_dsa_mtp.testing.deployment import build_lm_head
 
         handler = logging.Handler()
@@ -244,11 +245,11 @@ def warm_up_failure_worker(rank: int, world: int, init_method: str, result_dir: 
 
             processor._logits_gatherer = counted
             if rank == 1:
-                site.torch = _FailingZeros(fail_at=2)
+                shared.torch = _FailingZeros(fail_at=2)
             try:
                 decision = site.opt_in(processor, lm_head, max_rows=TOKENS)
             finally:
-                site.torch = torch
+                shared.torch = torch
             report["engaged"] = decision.engaged
             group.barrier()
     Path(result_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=1))
@@ -329,7 +330,7 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
     from sglang.srt.runtime_context import get_spec
 
     from sglang_dsa_mtp.integration import verify_argmax_exchange as site
-    from sglang_dsa_mtp.integration.vocab_shard_exchange import kept_shard_of
+    from sglang_dsa_mtp.integration.vocab_shard_exchange import full_logits, kept_shard_of
     from sglang_dsa_mtp.testing.argmax_cases import reference_pick
     from sglang_dsa_mtp.testing.constants import POISON
     from sglang_dsa_mtp.testing.deployment import (
@@ -446,7 +447,7 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
             with compiles.counting():
                 for raw in range(TOKENS, rows + 1, TOKENS):
                     kept, start = kept_shard_of(shard[:raw])
-                    site.full_logits(kept, start, shard[:raw])
+                    full_logits(kept, start, shard[:raw])
     if decision.engaged and compiles.names is not None:
         result["compiles"] = compiles.names
     return result

@@ -26,8 +26,8 @@ from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorO
 from sglang.srt.models.glm4_moe import GlmMoeDsaForCausalLMNextN
 
 from sglang_dsa_mtp.integration import draft_argmax_exchange as exchange_site
-from sglang_dsa_mtp.integration import vocab_shard_exchange as shared_exchange
 from sglang_dsa_mtp.integration import eagle_draft_argmax as worker_site
+from sglang_dsa_mtp.integration import vocab_shard_exchange as shared_exchange
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_finalize
 from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
 

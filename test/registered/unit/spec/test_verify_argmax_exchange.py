@@ -30,7 +30,6 @@ from sglang.srt.speculative import spec_utils
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 
-from sglang_dsa_mtp.integration import vocab_shard_exchange as shard_checks
 from sglang_dsa_mtp.integration import eagle_verify_argmax as worker_site
 from sglang_dsa_mtp.integration import verify_argmax_exchange as verify_site
 from sglang_dsa_mtp.integration import vocab_shard_exchange as processor_site
@@ -184,8 +183,8 @@ def test_the_opt_in_compiles_for_the_captured_verify_rows_and_builds_the_full_lo
     hooked, opted_in
 ):
     calls = []
-    real = shard_checks.warm_up
-    hooked.setattr(shard_checks, "warm_up", lambda **kw: calls.append(kw) or real(**kw))
+    real = processor_site.warm_up
+    hooked.setattr(processor_site, "warm_up", lambda **kw: calls.append(kw) or real(**kw))
     target, _ = opted_in()
     [call] = calls
     assert call == dict(
@@ -343,7 +342,7 @@ def test_an_fp32_lm_head_at_tp1_keeps_sglangs_path(hooked, target_head, caplog):
 
 def test_an_all_reduce_on_nccl_inside_capture_keeps_sglangs_path(hooked, opted_in, caplog):
     hooked.setattr(
-        shard_checks, "all_reduce_route", lambda group, probe: ("pynccl (in place)", True)
+        processor_site, "all_reduce_route", lambda group, probe: ("pynccl (in place)", True)
     )
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         target, _ = opted_in()
@@ -375,7 +374,7 @@ def test_a_hook_sglang_failed_to_apply_keeps_sglangs_path(hooked, opted_in, capl
 
 def test_an_engaged_target_stays_engaged_when_sglang_builds_the_backends_again(hooked, opted_in):
     target, worker = opted_in()
-    hooked.setattr(shard_checks, "all_reduce_route", lambda group, probe: ("pynccl", True))
+    hooked.setattr(processor_site, "all_reduce_route", lambda group, probe: ("pynccl", True))
     worker.init_attention_backends()
     assert engaged(target.processor), "graphs captured with the exchange are still replayed"
 

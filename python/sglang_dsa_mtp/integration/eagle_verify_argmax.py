@@ -8,7 +8,7 @@ exchanged partials (the processor's side: ``verify_argmax_exchange``; details: d
 - AROUND ``eagle_sample`` (the EAGLE verify): on a kept shard, a greedy batch that nothing else
   reads the logits of (:func:`full_logits_reader`) is verified against the exchanged argmax, the
   logits a meta stand-in while SGLang's verify runs and ``next_token_logits`` None after; any other
-  batch first gets the full logits (``verify_argmax_exchange.full_logits``), then SGLang's path;
+  batch first gets the full logits (``vocab_shard_exchange.full_logits``), then SGLang's path;
 - AROUND ``verify_tree_greedy_func``: during such a greedy verify, the tree verify gets the
   exchanged argmax as ``target_predict`` in place of ``torch.argmax`` of the stand-in (a meta
   tensor).
@@ -34,11 +34,10 @@ from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group
 from sglang_dsa_mtp.integration.verify_argmax_exchange import (
     DEFAULT_MAX_ROWS,
     VerifyDecision,
-    full_logits,
-    kept_shard_of,
     opt_in,
     verify_state,
 )
+from sglang_dsa_mtp.integration.vocab_shard_exchange import full_logits, kept_shard_of
 from sglang_dsa_mtp.switches import VERIFY_ARGMAX_EXCHANGE
 
 # Target models whose forward returns the LogitsProcessor's output untouched (checked in 0.5.23:

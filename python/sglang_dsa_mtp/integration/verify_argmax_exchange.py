@@ -2,48 +2,49 @@
 and exchanging argmax partials instead of gathering the logits (beyond the spec).
 
 In SGLang 0.5.23 the target verify all-gathers ``rows x vocab`` logits over the TP ranks inside the
-target-verify CUDA graph and casts them into its fp32 logits buffer; the EAGLE verify of a greedy
-batch then reads them once, for an argmax. An opted-in target processor (:func:`opt_in`, called by
-the EAGLE worker's opt-in in ``eagle_verify_argmax``) keeps its LM-head shard instead and, inside
-the graph, reduces it to the greedy draft exchange's argmax partials, sums them with SGLang's TP
-all-reduce and finalizes with the ``propagate`` rule (``torch.argmax``'s: ties to the lowest index,
-the first NaN wins): :func:`keep_shard` returns the shard as ``next_token_logits`` and records it
-with the picked tokens (:class:`KeptShard`, found again from the shard or a row slice of it by
-:func:`kept_shard_of`). After the replay, the verify of a greedy batch reads the tokens; any other
-batch gets :func:`full_logits`, SGLang's own gather and cast of the kept shard rows, bit-identical to
-what the graph writes without the plugin.
+target-verify CUDA graph and casts them into its fp32 logits buffer (at TP 1 the cast alone); the
+EAGLE verify of a greedy batch then reads them once, for an argmax. An opted-in target processor
+(:func:`opt_in`, called by the EAGLE worker's opt-in in ``eagle_verify_argmax``) keeps its LM-head
+shard instead and, inside the graph, reduces it to argmax partials (``vocab_shard_exchange``), sums
+them with SGLang's TP all-reduce and finalizes with the ``propagate`` rule (``torch.argmax``'s: ties
+to the lowest index, the first NaN wins). :func:`keep_shard` copies the shard and the picked tokens
+into the storage of the call's fp32 logits buffer, which SGLang shares between every captured
+graph (so a graph keeps no memory of its own), and returns the kept shard as
+``next_token_logits``; ``kept_shard_of`` finds it again from the shard or a row slice of it. After
+the replay, the verify of a greedy batch reads the tokens; any other batch gets
+``full_logits``, SGLang's own gather and cast of the kept shard rows into that buffer,
+bit-identical to what the graph writes without the plugin. A call without a usable buffer (an eager
+target verify: SGLang's runners give one only to captured graphs) keeps SGLang's path.
 
 Hook: AROUND ``LogitsProcessor._get_logits`` (:func:`exchange_logits`), the one hook of that method
 for both exchanges: the target verify of an engaged target processor here, every other call on to
 the draft exchange's ``exchange_instead_of_gather`` (which leaves what is not its own to SGLang).
 The opt-in runs every check and compiles every kernel variant, the ranks agreeing; the per-call path
-checks nothing. Details: docs/switches.md, "Greedy target-verify argmax exchange".
+checks only the call's buffer. Details: docs/switches.md, "Greedy target-verify argmax exchange".
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from sglang.srt.layers.logits_processor import LogitsMetadata
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.runtime_context import get_parallel
-from torch.multiprocessing.reductions import StorageWeakRef
 
-from sglang_dsa_mtp.integration.draft_argmax_exchange import (
-    ExchangeDecision,
-    agreed_blocker,
-    exchange_instead_of_gather,
+from sglang_dsa_mtp.integration.draft_argmax_exchange import exchange_instead_of_gather
+from sglang_dsa_mtp.integration.state import ProcessorState, peek
+from sglang_dsa_mtp.integration.vocab_shard_exchange import (
+    Decision,
+    Exchange,
+    buffer_blocker,
+    engage_processor,
+    keep_in_buffer,
+    kept_fit_blocker,
     lm_head_blocker,
-    logits_dtypes,
     shard_exchange_blocker,
 )
-from sglang_dsa_mtp.integration.state import ProcessorState, peek, state_of
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import (
     MAX_VOCAB,
-    PartialsLayout,
     launch_finalize,
     launch_partials,
 )
@@ -56,97 +57,31 @@ DEFAULT_MAX_ROWS = 256
 FULL_LOGITS_WARM_UP_ROWS = (1, 3, 16)
 
 
-@dataclass(frozen=True)
-class VerifyExchange:
-    """An engaged target processor's exchange: its LM head, its shard's checked layout, the route."""
-
-    lm_head: torch.nn.Module
-    layout: PartialsLayout
-    route: str
-
-
-@dataclass(frozen=True)
-class KeptShard:
-    """What one target-verify call kept: the processor, the LM-head shard's ``[rows, width]``, the
-    tokens the finalize picked for those rows (int64 ``[rows, 1]``) and the fp32 logits buffer
-    SGLang's call would have cast the gathered logits into (None where it had none)."""
-
-    processor: object
-    rows: int
-    width: int
-    tokens: torch.Tensor
-    logits_buffer: Optional[torch.Tensor]
-
-
-# Every kept shard, by its storage, for as long as that storage lives: a CUDA graph's output holds
-# its shard for the graph's life, so its entry stays; an eager call's entry is dropped at a later
-# registration once its shard is freed. The weak reference pins the storage's identity, so a new
-# tensor at a freed shard's address is never taken for it.
-_KEPT: dict[StorageWeakRef, KeptShard] = {}
-
-
-def verify_state(processor) -> Optional[VerifyExchange]:
+def verify_state(processor) -> Optional[Exchange]:
     """The processor's engaged target-verify exchange, or None (not opted in, or kept the gather)."""
     return peek(processor, ProcessorState).verify
 
 
-def _remember(shard: torch.Tensor, kept: KeptShard) -> None:
-    for key in [key for key in _KEPT if key.expired()]:
-        del _KEPT[key]
-    _KEPT[StorageWeakRef(shard.untyped_storage())] = kept
-
-
-def kept_shard_of(logits) -> Optional[tuple[KeptShard, int]]:
-    """``(kept, first_row)`` when ``logits`` is a kept shard or a row slice of one (as SGLang's
-    graph runner hands it on: ``[: raw rows]``), else None. Raises on any other view of a kept
-    shard: it holds no logits SGLang could read."""
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.is_meta:
-        return None
-    kept = _KEPT.get(StorageWeakRef(logits.untyped_storage()))
-    if kept is None:
-        return None
-    start, rem = divmod(logits.storage_offset(), kept.width)
-    if logits.stride() != (kept.width, 1) or logits.shape[1] != kept.width or rem:
-        raise RuntimeError(
-            f"a {tuple(logits.shape)} view with strides {logits.stride()} of a kept target-verify "
-            f"shard [{kept.rows}, {kept.width}]: only its row slices stand for the verify logits"
-        )
-    return kept, start
-
-
-def keep_shard(processor, state: VerifyExchange, hidden_states, lm_head, logits_buffer):
+def keep_shard(processor, state: Exchange, hidden_states, lm_head, logits_buffer) -> torch.Tensor:
     """The target-verify call of an engaged processor: this rank's LM-head shard (SGLang's
-    ``_compute_lm_head``, then its ``logit_scale``), its argmax partials, SGLang's TP all-reduce
-    of them and the ``propagate`` finalize; returns the shard, remembered with the tokens."""
+    ``_compute_lm_head``, then its ``logit_scale``) kept in ``logits_buffer``'s storage
+    (``keep_in_buffer``), its argmax partials, SGLang's TP all-reduce of them and the
+    ``propagate`` finalize, whose tokens are kept beside it; returns the kept shard.
+
+    The shard is SGLang's own output copied, not a matmul into the buffer: bit for bit SGLang's
+    whichever LM-head branch it takes. The copy is no larger than the transient SGLang's own call
+    allocates for the same output before its gather and cast, and it is freed before the partials
+    are allocated, so the call's peak stays at most SGLang's."""
     shard = processor._compute_lm_head(hidden_states, lm_head, None)
     if processor.logit_scale is not None:
         shard.mul_(processor.logit_scale)
-    exchange = launch_partials(state.layout, shard)
+    kept, tokens = keep_in_buffer(processor, shard, logits_buffer)
+    del shard
+    exchange = launch_partials(state.layout, kept)
     if state.layout.tp_size > 1:
         exchange = get_parallel().tp_group.all_reduce(exchange)
-    _, tokens = launch_finalize(exchange, propagate_nan=True)
-    _remember(shard, KeptShard(processor, shard.shape[0], shard.shape[1], tokens, logits_buffer))
-    return shard
-
-
-def full_logits(kept: KeptShard, start: int, rows: torch.Tensor) -> torch.Tensor:
-    """SGLang's verify logits of the kept shard ``rows`` (from row ``start``): the processor's own
-    logits all-gather of them (at TP > 1) and its ``_copy_logits_to_buffer`` into those rows of the
-    call's fp32 logits buffer, as SGLang's ``_get_logits`` ends a call without softcapping."""
-    buffer = kept.logits_buffer
-    if buffer is not None:
-        buffer = buffer[start : start + rows.shape[0]]
-    return _gather_and_cast(kept.processor, rows, buffer)
-
-
-def _gather_and_cast(processor, shard_rows: torch.Tensor, buffer: Optional[torch.Tensor]):
-    logits = shard_rows
-    if processor.do_tensor_parallel_all_gather:
-        logits = processor._logits_gatherer(shard_rows)
-    metadata = LogitsMetadata(
-        forward_mode=ForwardMode.TARGET_VERIFY, next_token_logits_buffer=buffer
-    )
-    return processor._copy_logits_to_buffer(logits, metadata)
+    tokens.copy_(launch_finalize(exchange, propagate_nan=True)[1])
+    return kept
 
 
 def exchange_logits(
@@ -162,9 +97,20 @@ def exchange_logits(
         and logits_metadata.forward_mode.is_target_verify()
         and not logits_metadata.extend_return_logprob
     ):
-        use_buffer = kwargs.get("use_logits_buffer", True)
-        buffer = logits_metadata.next_token_logits_buffer if use_buffer else None
-        return keep_shard(self, state, hidden_states, lm_head, buffer)
+        buffer = logits_metadata.next_token_logits_buffer
+        if not kwargs.get("use_logits_buffer", True):
+            buffer = None
+        rows = hidden_states.shape[0]
+        why = buffer_blocker(buffer, rows, self.vocab_size, state.lm_head.weight.device)
+        if why is None:
+            return keep_shard(self, state, hidden_states, lm_head, buffer)
+        log_once(
+            logging.INFO,
+            ("verify-exchange-no-buffer", why),
+            "sglang_dsa_mtp: verify_argmax_exchange: a target verify keeps SGLang's full logits: %s",
+            why,
+        )
+        return original(self, hidden_states, lm_head, logits_metadata, embedding_bias, **kwargs)
     return exchange_instead_of_gather(
         original, self, hidden_states, lm_head, logits_metadata, embedding_bias, **kwargs
     )
@@ -173,16 +119,16 @@ def exchange_logits(
 # --- the opt-in ----------------------------------------------------------------------------------
 
 
-class VerifyDecision(ExchangeDecision):
+class VerifyDecision(Decision):
     """What one target opt-in decided, and the facts it decided on (for its one log line)."""
 
-    def line(self) -> str:
-        facts = ", ".join(f"{name} {value}" for name, value in self.facts.items())
-        if self.engaged:
-            return (
-                "verify_argmax_exchange on: greedy target verify takes its argmax from exchanged "
-                f"argmax partials ({facts})"
-            )
+    def on_line(self, facts: str) -> str:
+        return (
+            "verify_argmax_exchange on: greedy target verify takes its argmax from exchanged "
+            f"argmax partials ({facts})"
+        )
+
+    def off_line(self, facts: str) -> str:
         return (
             f"verify_argmax_exchange off: target verify keeps SGLang's full logits: {self.reason} "
             f"({facts})"
@@ -215,6 +161,7 @@ def _local_blocker(processor, lm_head, group, rows: list[int], facts: dict) -> O
         (None if enabled else why)
         or _processor_blocker(processor, group.world_size)
         or lm_head_blocker(lm_head, group)
+        or kept_fit_blocker(processor, lm_head)
     )
     if reason is not None:
         return reason
@@ -237,7 +184,9 @@ def opt_in(
     the captured row counts. Engages only when every condition holds: the kill switch is on; no DP
     LM head, DP attention, LM-head all-to-all or final-logit softcapping, a processor that gathers
     its vocab shards at TP > 1, no fp32 LM head at TP 1; SGLang's LM-head path for ``lm_head`` a
-    plain bf16/fp32 matmul over the rank's contiguous vocab shard (the draft exchange's rule); at
+    plain bf16/fp32 matmul over the rank's contiguous vocab shard (the draft exchange's rule); a kept
+    shard row and its token within a row of SGLang's fp32 logits buffer (not an fp32 shard at TP
+    1); at
     TP > 1 SGLang's all-reduce of the exchange buffer, for 1 and ``max_rows`` rows, not on NCCL
     inside a CUDA-graph capture; every kernel variant compiled ahead. Collective: call it on every
     rank of the TP group, which settles on one answer. Engaging also runs the full-logits tail once
@@ -250,38 +199,14 @@ def opt_in(
         facts["verify rows up to"] = max(rows)
         return _local_blocker(processor, lm_head, group, rows, facts)
 
-    decision.reason = agreed_blocker(lm_head, decision.facts, local_blocker)
-    layout = decision.facts.pop("layout", None)
-    state = state_of(processor, ProcessorState)
-    if not decision.engaged:
-        state.verify = None
-        return decision
-    state.verify = VerifyExchange(lm_head, layout, decision.facts.get("all-reduce"))
-    _warm_up_full_logits(processor, lm_head)
+    engage_processor(
+        processor,
+        lm_head,
+        decision,
+        local_blocker,
+        "verify",
+        gather_rows=FULL_LOGITS_WARM_UP_ROWS,
+        cast=True,
+        what="the target verify's full-logits path",
+    )
     return decision
-
-
-def _warm_up_full_logits(processor, lm_head) -> None:
-    """Run the full-logits tail on zero shards, on every rank (all engaged together), at each row
-    count of :data:`FULL_LOGITS_WARM_UP_ROWS` and logits dtype: SGLang's multimem all-gather builds
-    its symmetric-memory buffer on its first eager call (in SGLang a target-verify capture warm-up,
-    which no longer gathers) and its gather and cast kernels compile per row-count class. A failure
-    is logged and leaves them to their first non-greedy verify."""
-    shard_width, device = lm_head.num_embeddings_per_partition, lm_head.weight.device
-    try:
-        for dtype in logits_dtypes(processor, lm_head):
-            for rows in FULL_LOGITS_WARM_UP_ROWS:
-                shard = torch.zeros((rows, shard_width), dtype=dtype, device=device)
-                buffer = torch.empty(
-                    (rows, processor.vocab_size), dtype=torch.float32, device=device
-                )
-                _gather_and_cast(processor, shard, buffer)
-    except Exception as exc:
-        log_once(
-            logging.WARNING,
-            ("verify-exchange-warm-up", type(exc).__name__),
-            "sglang_dsa_mtp: preparing the target verify's full-logits path ahead failed (%s: %s); "
-            "its first non-greedy verify builds it instead",
-            type(exc).__name__,
-            exc,
-        )

@@ -27,6 +27,7 @@ from sglang.srt.models.glm4_moe import GlmMoeDsaForCausalLMNextN
 
 from sglang_dsa_mtp.integration import draft_argmax_exchange as exchange_site
 from sglang_dsa_mtp.integration import eagle_draft_argmax as worker_site
+from sglang_dsa_mtp.integration import vocab_shard_exchange as shared_exchange
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_finalize
 from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
 
@@ -190,7 +191,7 @@ def test_the_gate_asks_the_quant_rule_sglangs_lm_head_path_calls(hooked):
     rule = compute.__globals__["should_apply_lm_head_quant_method"]
     assert rule is logits_processor.should_apply_lm_head_quant_method
     assert rule.__code__.co_firstlineno > 1000, "the later of the two definitions"
-    assert exchange_site.sglang_logits is logits_processor
+    assert shared_exchange.sglang_logits is logits_processor
 
 
 def test_a_head_sharded_over_another_group_keeps_the_gather(hooked, draft_head, caplog):
@@ -209,7 +210,7 @@ def test_an_all_reduce_on_nccl_inside_capture_keeps_the_gather(hooked, draft_hea
         probes.append(tuple(probe.shape))
         return "pynccl (in place)", True
 
-    hooked.setattr(exchange_site, "all_reduce_route", nccl_route)
+    hooked.setattr(shared_exchange, "all_reduce_route", nccl_route)
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         assert head.processor.enable_draft_argmax_exchange(head.lm_head, max_rows=32) is False
     assert probes == [(1, 2 * 1 * 4)], "probed with the exchange buffer's shape, one row first"
@@ -230,7 +231,7 @@ def test_an_opt_in_check_that_raises_keeps_the_gather(hooked, draft_head, caplog
     def broken(group, probe):
         raise RuntimeError("no such communicator")
 
-    hooked.setattr(exchange_site, "all_reduce_route", broken)
+    hooked.setattr(shared_exchange, "all_reduce_route", broken)
     assert head.processor.enable_draft_argmax_exchange(head.lm_head) is False
     assert not engaged(head.processor)
 
@@ -243,7 +244,7 @@ def test_without_a_tp_group_the_opt_in_keeps_the_gather(hooked, draft_head, capl
         def tp_group(self):
             raise RuntimeError("parallel name 'tp_group' has not been written")
 
-    hooked.setattr(exchange_site, "get_parallel", NoGroup)
+    hooked.setattr(shared_exchange, "get_parallel", NoGroup)
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         assert head.processor.enable_draft_argmax_exchange(head.lm_head) is False
     assert any("no TP group" in line for line in log_lines(caplog))
@@ -645,7 +646,7 @@ def test_glm5_nextn_drafts_opt_in_too(draft_worker):
 def test_an_engaged_processor_stays_engaged_when_sglang_captures_again(draft_worker, hooked):
     worker, head, _ = draft_worker()
     assert run_capture_hook(worker) is True
-    hooked.setattr(exchange_site, "all_reduce_route", lambda group, probe: ("pynccl", True))
+    hooked.setattr(shared_exchange, "all_reduce_route", lambda group, probe: ("pynccl", True))
     assert run_capture_hook(worker) is True, "graphs captured with the exchange are still replayed"
 
 
@@ -710,13 +711,13 @@ def test_a_hook_sglang_failed_to_apply_keeps_the_gather(draft_worker, hooked, ca
 def record_warm_ups(monkeypatch) -> list[dict]:
     """Every ``warm_up`` call of the opt-in, recorded, then run for real."""
     calls = []
-    real = exchange_site.warm_up
+    real = shared_exchange.warm_up
 
     def recorder(**kwargs):
         calls.append(kwargs)
         return real(**kwargs)
 
-    monkeypatch.setattr(exchange_site, "warm_up", recorder)
+    monkeypatch.setattr(shared_exchange, "warm_up", recorder)
     return calls
 
 
@@ -793,7 +794,7 @@ def test_a_warm_up_that_fails_keeps_the_gather(draft_worker, hooked, caplog):
     def broken(**kwargs):
         raise RuntimeError("ptxas died")
 
-    hooked.setattr(exchange_site, "warm_up", broken)
+    hooked.setattr(shared_exchange, "warm_up", broken)
     worker, head, _ = draft_worker()
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         assert run_capture_hook(worker) is False

@@ -30,9 +30,9 @@ from sglang.srt.speculative import spec_utils
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 
-from sglang_dsa_mtp.integration import draft_argmax_exchange as shard_checks
 from sglang_dsa_mtp.integration import eagle_verify_argmax as worker_site
-from sglang_dsa_mtp.integration import verify_argmax_exchange as processor_site
+from sglang_dsa_mtp.integration import verify_argmax_exchange as verify_site
+from sglang_dsa_mtp.integration import vocab_shard_exchange as processor_site
 from sglang_dsa_mtp.switches import VERIFY_ARGMAX_EXCHANGE
 from sglang_dsa_mtp.testing.argmax_cases import make_overlay
 from sglang_dsa_mtp.testing.constants import POISON
@@ -55,7 +55,7 @@ def log_lines(caplog):
 
 
 def engaged(processor) -> bool:
-    return processor_site.verify_state(processor) is not None
+    return verify_site.verify_state(processor) is not None
 
 
 @pytest.fixture
@@ -183,8 +183,8 @@ def test_the_opt_in_compiles_for_the_captured_verify_rows_and_builds_the_full_lo
     hooked, opted_in
 ):
     calls = []
-    real = shard_checks.warm_up
-    hooked.setattr(shard_checks, "warm_up", lambda **kw: calls.append(kw) or real(**kw))
+    real = processor_site.warm_up
+    hooked.setattr(processor_site, "warm_up", lambda **kw: calls.append(kw) or real(**kw))
     target, _ = opted_in()
     [call] = calls
     assert call == dict(
@@ -196,7 +196,7 @@ def test_the_opt_in_compiles_for_the_captured_verify_rows_and_builds_the_full_lo
         device=target.lm_head.weight.device,
         draft_steps=None,
     )
-    assert target.group.calls.count("all_gather") == len(processor_site.FULL_LOGITS_WARM_UP_ROWS)
+    assert target.group.calls.count("all_gather") == len(verify_site.FULL_LOGITS_WARM_UP_ROWS)
     assert "all_reduce" not in target.group.calls, "the kernels' warm-up runs no collective"
 
 
@@ -342,7 +342,7 @@ def test_an_fp32_lm_head_at_tp1_keeps_sglangs_path(hooked, target_head, caplog):
 
 def test_an_all_reduce_on_nccl_inside_capture_keeps_sglangs_path(hooked, opted_in, caplog):
     hooked.setattr(
-        shard_checks, "all_reduce_route", lambda group, probe: ("pynccl (in place)", True)
+        processor_site, "all_reduce_route", lambda group, probe: ("pynccl (in place)", True)
     )
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         target, _ = opted_in()
@@ -354,7 +354,7 @@ def test_an_opt_in_check_that_raises_keeps_sglangs_path(hooked, opted_in, caplog
     def broken(*args):
         raise RuntimeError("cannot tell")
 
-    hooked.setattr(processor_site, "_local_blocker", broken)
+    hooked.setattr(verify_site, "_local_blocker", broken)
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         target, _ = opted_in()
     assert not engaged(target.processor)
@@ -374,7 +374,7 @@ def test_a_hook_sglang_failed_to_apply_keeps_sglangs_path(hooked, opted_in, capl
 
 def test_an_engaged_target_stays_engaged_when_sglang_builds_the_backends_again(hooked, opted_in):
     target, worker = opted_in()
-    hooked.setattr(shard_checks, "all_reduce_route", lambda group, probe: ("pynccl", True))
+    hooked.setattr(processor_site, "all_reduce_route", lambda group, probe: ("pynccl", True))
     worker.init_attention_backends()
     assert engaged(target.processor), "graphs captured with the exchange are still replayed"
 
@@ -392,13 +392,25 @@ def test_the_draft_exchange_leaves_the_target_alone_and_the_verify_exchange_the_
 # --- the verify: greedy batches ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tp_size", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def kept_region_elements(buffer, width, dtype) -> int:
+    """The fp32 elements of a ``[rows, vocab]`` logits buffer that hold its rows' kept shard and
+    their tokens (the tokens after the shard of every row of the buffer's storage)."""
+    rows = buffer.untyped_storage().nbytes() // (buffer.shape[1] * 4)
+    shard_bytes = rows * width * dtype.itemsize
+    return -(-(-(-shard_bytes // 8) * 8 + rows * 8) // 4)
+
+
+@pytest.mark.parametrize(
+    "tp_size, dtype",
+    [(1, torch.bfloat16), (2, torch.bfloat16), (2, torch.float32)],
+    ids=["tp1-bf16", "tp2-bf16", "tp2-fp32"],
+)
 def test_greedy_batches_verify_sglangs_tokens_from_the_exchanged_argmax(
     tp_size, dtype, opted_in, verify_kernels
 ):
     """Vocab 1001 padded to 1024 (at TP 2: two 512-column shards, the second holding 489 real
-    columns): three rounds of the hard rows; the exchange gathers nothing and writes no logits."""
+    columns): three rounds of the hard rows; the exchange gathers nothing, writes no logits and
+    keeps its shard and tokens inside the call's logits buffer, the rest of it untouched."""
     target, _ = opted_in(tp_size=tp_size, dtype=dtype)
     assert engaged(target.processor)
     patterns = Patterns(target, 4 * TOKENS)
@@ -411,10 +423,58 @@ def test_greedy_batches_verify_sglangs_tokens_from_the_exchanged_argmax(
         )
         assert_same_verify(stock, ours, f"round {k}")
         assert ours["logits"] is None, "no logits after a greedy verify of the exchange"
-        assert bool((ours["buffer"] == POISON).all()), "the exchange wrote no logits"
+        width = target.lm_head.num_embeddings_per_partition
+        untouched = ours["buffer"].view(-1)[kept_region_elements(ours["buffer"], width, dtype) :]
+        assert untouched.numel() > 0 and bool((untouched == POISON).all()), "no logits written"
         assert bool((stock["buffer"] != POISON).all()), "SGLang's path cast into its buffer"
         gathers = target.group.calls.count("all_gather")
         assert gathers == (tp_size - 1), "only SGLang's arm gathered"
+
+
+def test_an_fp32_shard_at_tp1_does_not_fit_the_logits_buffer_and_keeps_sglangs_path(
+    opted_in, caplog
+):
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        target, _ = opted_in(tp_size=1, dtype=torch.float32)
+    assert not engaged(target.processor)
+    assert any(
+        "a float32 shard row of 1024 columns and its token do not fit a 1001-column fp32 row" in m
+        for m in log_lines(caplog)
+    )
+
+
+def test_the_kept_shard_and_its_tokens_live_in_the_calls_logits_buffer(opted_in):
+    """No memory of the call's own: the returned shard and the tokens are views of the buffer's
+    storage, the tokens at the same place whatever the row count."""
+    target, _ = opted_in(tp_size=1)
+    buffer = poisoned_buffer(4 * TOKENS, target.vocab_size)
+    places = []
+    for rows in (2 * TOKENS, 4 * TOKENS):
+        shard = target.forward(
+            target.processor, hidden_rows(rows, 3, torch.bfloat16), buffer[:rows]
+        )
+        shard = shard.next_token_logits
+        assert shard.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+        kept, start = processor_site.kept_shard_of(shard)
+        assert start == 0 and kept.tokens.untyped_storage().data_ptr() == buffer.data_ptr()
+        places.append(kept.tokens.data_ptr())
+    assert places[0] == places[1]
+
+
+def test_a_call_without_a_logits_buffer_keeps_sglangs_full_logits(opted_in, caplog):
+    """An eager target verify (SGLang's runners give a buffer only to captured graphs; its
+    --debug-tensor-dump-output-folder disables them): SGLang's logits, which its dump then reads."""
+    target, _ = opted_in()
+    hidden = hidden_rows(2 * TOKENS, 8, torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        ours = target.forward(target.processor, hidden).next_token_logits
+    stock = target.forward(target.stock, hidden).next_token_logits
+    assert processor_site.kept_shard_of(ours) is None
+    assert bits_differ(ours, stock) is None
+    assert any(
+        "a target verify keeps SGLang's full logits: the call has no logits buffer" in m
+        for m in log_lines(caplog)
+    )
 
 
 def test_a_logit_scale_is_applied_before_the_partials(opted_in, verify_kernels):
@@ -584,22 +644,27 @@ def test_sglangs_graph_runner_hands_on_the_kept_shard_of_the_batch_rows(opted_in
 def test_a_kept_shard_is_found_from_its_row_slices_only(opted_in):
     target, _ = opted_in()
     hidden = hidden_rows(10, 1, torch.bfloat16)
-    shard = target.forward(target.processor, hidden).next_token_logits
+    buffer = poisoned_buffer(10, target.vocab_size)
+    shard = target.forward(target.processor, hidden, buffer).next_token_logits
     kept, start = processor_site.kept_shard_of(shard[4:9])
-    assert (start, kept.rows, kept.width) == (4, 10, target.lm_head.num_embeddings_per_partition)
+    assert (start, kept.capacity) == (4, 10)
+    assert kept.width == target.lm_head.num_embeddings_per_partition
     assert processor_site.kept_shard_of(shard.clone()) is None
     assert processor_site.kept_shard_of(torch.zeros(10, 4)) is None
-    with pytest.raises(RuntimeError, match="only its row slices stand for the verify logits"):
-        processor_site.kept_shard_of(shard[:, :7])
+    assert processor_site.kept_shard_of(shard[:, :7]) is None
+    assert processor_site.kept_shard_of(buffer) is None, "SGLang's own logits in that buffer"
 
 
 def test_a_freed_shard_is_forgotten(opted_in):
     target, _ = opted_in()
-    shard = target.forward(target.processor, hidden_rows(5, 1, torch.bfloat16)).next_token_logits
-    key = processor_site.StorageWeakRef(shard.untyped_storage())
+    buffer = poisoned_buffer(5, target.vocab_size)
+    target.forward(target.processor, hidden_rows(5, 1, torch.bfloat16), buffer)
+    key = processor_site.StorageWeakRef(buffer.untyped_storage())
     assert key in processor_site._KEPT
-    del shard
-    target.forward(target.processor, hidden_rows(5, 2, torch.bfloat16))  # registers, purges
+    del buffer
+    target.forward(  # registers another buffer, purges the freed one
+        target.processor, hidden_rows(5, 2, torch.bfloat16), poisoned_buffer(5, 1001)
+    )
     assert key not in processor_site._KEPT
 
 
@@ -609,8 +674,9 @@ def test_the_kept_shard_and_its_verify_work_under_inference_mode(opted_in, verif
     target, _ = opted_in()
     hidden = hidden_rows(2 * TOKENS, 4, torch.bfloat16)
     stock_output = target.forward(target.stock, hidden, poisoned_buffer(2 * TOKENS, 1001))
+    buffer = poisoned_buffer(2 * TOKENS, 1001)
     with torch.inference_mode():
-        output = target.forward(target.processor, hidden, poisoned_buffer(2 * TOKENS, 1001))
+        output = target.forward(target.processor, hidden, buffer)
         rows = output.next_token_logits[: 2 * TOKENS]
         del output
         kept, start = processor_site.kept_shard_of(rows)

@@ -170,7 +170,89 @@ def test_verify_exchange_holds_eagerly_in_a_cpu_tp_group(tmp_path):
             assert forward["route"] == "CPU shared memory or torch.distributed", forward
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU (gloo) harness; this machine has CUDA")
+def test_a_full_logits_warm_up_failing_on_one_rank_stops_every_rank_before_the_same_gather(
+    tmp_path,
+):
+    """Rank 1 cannot allocate the second warm-up shard: both ranks ran the first gather only,
+    both return from the opt-in engaged (none left waiting in a gather) and both log why."""
+    require_sglang()
+    run_group(warm_up_failure_worker, 2, str(tmp_path), timeout_s=600)
+    reports = read_reports(str(tmp_path), 2)
+    for report in reports:
+        assert report["engaged"], report
+        assert report["gathers"] == 1, report
+        assert any(
+            "preparing the target verify's full-logits path ahead failed" in line
+            for line in report["warnings"]
+        ), report
+    assert "rank 1 is out of memory" in " ".join(reports[1]["warnings"])
+    assert "another TP rank" in " ".join(reports[0]["warnings"])
+
+
 # --- each rank's body: run_group spawns verify_routes_worker, pickled by this module's name ---
+
+
+class _FailingZeros:
+    """``torch`` as the exchange module sees it, whose ``zeros`` raises at its ``fail_at``-th call."""
+
+    def __init__(self, fail_at: int):
+        self.calls, self.fail_at = 0, fail_at
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def zeros(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("rank 1 is out of memory")
+        return torch.zeros(*args, **kwargs)
+
+
+def warm_up_failure_worker(rank: int, world: int, init_method: str, result_dir: str) -> None:
+    """Body of the warm-up failure test: the target's processor opted in on both ranks of SGLang's
+    gloo TP group, rank 1's second warm-up shard failing; writes ``rank<r>.json``."""
+    import logging
+
+    from sglang_dsa_mtp.testing.tp import sglang_tp_group
+
+    report = dict(rank=rank, warnings=[])
+    with sglang_tp_group(rank, world, init_method) as group:
+        from sglang.srt.runtime_context import get_schedule, get_spec
+
+        from sglang_dsa_mtp.integration import verify_argmax_exchange as site
+        from sglang_dsa_mtp.integration import vocab_shard_exchange as shared
+        from sglang_dsa_mtp.testing.deployment import build_lm_head
+
+        handler = logging.Handler()
+        handler.emit = lambda record: report["warnings"].append(record.getMessage())
+        logging.getLogger("sglang_dsa_mtp").addHandler(handler)
+        eagle = dict(
+            speculative_algorithm="EAGLE",
+            speculative_num_steps=STEPS,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=TOKENS,
+        )
+        with get_spec().override(**eagle), get_schedule().override(max_running_requests=48):
+            lm_head, processor, _ = build_lm_head(1001, 64, dtype=torch.bfloat16, seed=3)
+            gather = processor._logits_gatherer
+            report["gathers"] = 0
+
+            def counted(shard):
+                logits = gather(shard)
+                report["gathers"] += 1
+                return logits
+
+            processor._logits_gatherer = counted
+            if rank == 1:
+                shared.torch = _FailingZeros(fail_at=2)
+            try:
+                decision = site.opt_in(processor, lm_head, max_rows=TOKENS)
+            finally:
+                shared.torch = torch
+            report["engaged"] = decision.engaged
+            group.barrier()
+    Path(result_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=1))
 
 
 class _Overlay:
@@ -248,6 +330,7 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
     from sglang.srt.runtime_context import get_spec
 
     from sglang_dsa_mtp.integration import verify_argmax_exchange as site
+    from sglang_dsa_mtp.integration.vocab_shard_exchange import full_logits, kept_shard_of
     from sglang_dsa_mtp.testing.argmax_cases import reference_pick
     from sglang_dsa_mtp.testing.constants import POISON
     from sglang_dsa_mtp.testing.deployment import (
@@ -331,7 +414,7 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
                 (raw_bs, TOKENS, vocab), 1.0 / vocab, device=device
             )
             if "ours" in outputs:
-                kept, start = site.kept_shard_of(outputs["ours"].next_token_logits[:raw])
+                kept, start = kept_shard_of(outputs["ours"].next_token_logits[:raw])
                 tokens = kept.tokens[start : start + raw]
                 if not torch.equal(tokens, reference_pick(gathered, vocab, "propagate")[1]):
                     failures.append(f"{case}, replay {k}: the exchanged argmax is not SGLang's")
@@ -363,8 +446,8 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
             shard = outputs["ours"].next_token_logits
             with compiles.counting():
                 for raw in range(TOKENS, rows + 1, TOKENS):
-                    kept, start = site.kept_shard_of(shard[:raw])
-                    site.full_logits(kept, start, shard[:raw])
+                    kept, start = kept_shard_of(shard[:raw])
+                    full_logits(kept, start, shard[:raw])
     if decision.engaged and compiles.names is not None:
         result["compiles"] = compiles.names
     return result
@@ -390,6 +473,7 @@ def verify_routes_worker(
 
             from sglang_dsa_mtp import plugin
             from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
+            from sglang_dsa_mtp.integration.vocab_shard_exchange import kept_bytes_per_row
             from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
             from sglang_dsa_mtp.testing.verify_rounds import verify_kernels_in_triton
 
@@ -425,8 +509,17 @@ def verify_routes_worker(
                         for rows in (1, sizes.max_rows)
                     )
                     for j, dtype in enumerate(sizes.dtypes):
+                        # An fp32 shard at TP 1 and its tokens do not fit a row of the buffer.
+                        fits = kept_bytes_per_row(width, dtype) <= vocab * 4
                         result = _check_forwards(
-                            group, recorder, device, sizes, vocab, dtype, not nccl, 10 * i + j
+                            group,
+                            recorder,
+                            device,
+                            sizes,
+                            vocab,
+                            dtype,
+                            fits and not nccl,
+                            10 * i + j,
                         )
                         failures += result.pop("failures")
                         report["forwards"].append(result)

@@ -28,6 +28,14 @@ on (the plugin) and both off (SGLang's own paths).
   ``init_cuda_graph_state``, then after every batch size's capture (metadata and graphs), its graph
   pool's segments, and the bytes of the distinct tensors its graph state holds
   (``dsa_backends.graph_state_bytes``), beside the same count from the meta device.
+* Verify logits memory: per ``--logits-max-bs``, the target model's ``LogitsProcessor`` and LM
+  head (GLM-5: vocabulary 154,880, hidden 6,144, random bf16 weights) in target verify, every
+  batch size of SGLang's capture list for EAGLE 3/1/4 captured as its target-verify runner captures
+  (largest first, one pool, SGLang's shared fp32 logits buffer, each graph's output kept), at TP 1
+  and at a TP-8 rank's shard width (emulated on one GPU by a TP-1 model of 19,360 columns:
+  ``sglang_dsa_mtp.testing.verify_logits_memory``): ``memory_allocated`` after capture, the graph
+  pool and the peak, for the target-verify exchange off, on, and the positive control (the shard
+  allocated in each capture, as the exchange first kept it); retained bytes beyond stock as a row.
 * Verify input: SGLang's ``build_eagle_verify_input`` for a topk=1 chain draft against each arm's
   target (off: FULL_MASK ``bs x context x draft tokens`` mask and the tree builder, then
   ``assign_extend_cache_locs_uniform_func`` as ``eagle_prepare_for_verify`` does; on: the QLEN_ONLY
@@ -63,7 +71,14 @@ LAUNCH_NAMES = ("3/1/4", "4/1/5", "5/1/6")
 MB = 1e6
 LIVE_WIDTH_MEMORY = Path(__file__).resolve().parents[5] / "benchmark" / "live_width_memory.py"
 # The dry run: 4 loop rounds per server (the injections'), max bs 3, memory at max bs 2 and 3.
-DRY_RUN = dict(rounds_per_server=4, max_bs=3, memory_max_bs=[2, 3], host_calls=2, verify_bs=[1, 3])
+DRY_RUN = dict(
+    rounds_per_server=4,
+    max_bs=3,
+    memory_max_bs=[2, 3],
+    host_calls=2,
+    verify_bs=[1, 3],
+    logits_max_bs=[3],
+)
 
 
 def build_parser():
@@ -94,6 +109,13 @@ def build_parser():
     )
     parser.add_argument(
         "--memory-max-bs", nargs="+", type=int, default=[16, 48], help="max bs measured"
+    )
+    parser.add_argument(
+        "--logits-max-bs",
+        nargs="+",
+        type=int,
+        default=[48, 256],
+        help="--cuda-graph-max-bs of the verify logits memory",
     )
     parser.add_argument(
         "--host-launch", default="4/1/5", choices=LAUNCH_NAMES, help="EAGLE launch of host time"
@@ -374,6 +396,54 @@ def print_memory(records: list[dict]) -> None:
     print()
 
 
+def measure_verify_logits(max_bs_list, monkeypatch) -> list[dict]:
+    """Every arm's figures (bytes) per max bs and width of the verify logits memory."""
+    import dataclasses
+
+    from sglang_dsa_mtp.testing import verify_logits_memory
+
+    records = []
+    for max_bs in max_bs_list:
+        for label, case in verify_logits_memory.cases(max_bs, DEVICE).items():
+            figures = verify_logits_memory.measure_case(case, DEVICE, monkeypatch)
+            records.append(
+                dict(
+                    max_bs=max_bs,
+                    width=label,
+                    columns=case.vocab,
+                    captured=list(case.captured),
+                    figures={arm: dataclasses.asdict(f) for arm, f in figures.items()},
+                    retained={
+                        arm: figures[arm].captured - figures["off"].captured for arm in figures
+                    },
+                )
+            )
+    return records
+
+
+def print_verify_logits(records: list[dict]) -> None:
+    print("## Verify logits memory (EAGLE 3/1/4, GLM-5 LM head, target-verify exchange)\n")
+    header = ["max bs", "width", "arm", "after capture (MB)", "graph pool (MB)", "peak (MB)"]
+    print(markdown_header(header + ["retained beyond stock (MB)"]))
+    for record in records:
+        for arm, f in record["figures"].items():
+            measured = f["pool"] is not None
+            print(
+                markdown_row(
+                    [
+                        str(record["max_bs"]),
+                        f"{record['width']} ({record['columns']:,})",
+                        arm,
+                        cell(f["captured"] / MB if measured else None),
+                        cell(f["pool"] / MB if measured else None),
+                        cell(f["peak"] / MB if measured else None),
+                        cell(record["retained"][arm] / MB if measured else None),
+                    ]
+                )
+            )
+    print()
+
+
 def print_host(rows: list[dict], timed: bool, launch: str) -> None:
     print(f"## Host time of SGLang's init_forward_metadata_out_graph, EAGLE {launch}, seeded\n")
     print(markdown_header(["op", "bs", "plugin off us", "plugin on us", "on / off"]))
@@ -423,6 +493,7 @@ def main(argv=None) -> int:
         args.max_bs = DRY_RUN["max_bs"]
         args.memory_max_bs, args.host_calls = DRY_RUN["memory_max_bs"], DRY_RUN["host_calls"]
         args.verify_bs, args.verify_calls = DRY_RUN["verify_bs"], 1
+        args.logits_max_bs = DRY_RUN["logits_max_bs"]
     elif DEVICE.type != "cuda":
         print("bench_dsa_serving_slice needs a CUDA GPU (or --dry-run)", file=sys.stderr)
         return 2
@@ -492,6 +563,8 @@ def main(argv=None) -> int:
                         status |= any(row["differ"] for row in rows)
                 del result
                 progress(f"memory and verify input: EAGLE {launch_name}, max bs {max_bs}")
+        logits = measure_verify_logits(args.logits_max_bs, monkeypatch)
+        progress("verify logits memory")
         with dsa_serving.launch(args.host_launch, sizes) as (_, captured):
             arms = build_pair(args.host_launch, sizes, captured)
             tokens = LAUNCHES[args.host_launch][2]
@@ -500,7 +573,9 @@ def main(argv=None) -> int:
     print_host(host, timed, args.host_launch)
     print_memory(memory)
     print_verify(verify, timed)
+    print_verify_logits(logits)
     record.update(host=host, memory=memory, verify=[dict(launch=n, **r) for n, r in verify])
+    record.update(verify_logits=logits)
     if args.json:
         write_json(args.json, record)
     return status

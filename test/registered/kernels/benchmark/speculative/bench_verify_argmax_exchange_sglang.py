@@ -124,7 +124,11 @@ class VerifyRound:
         self.processors = dict(gather=gather, exchange=exchange)
         gen = torch.Generator().manual_seed(rows)
         self.hidden = torch.randn(rows, hidden, generator=gen).to(lm_head.weight.dtype).to(device)
-        self.logits_buffer = torch.empty(rows, vocab, dtype=torch.float32, device=device)
+        # Each arm its own logits buffer: the exchange keeps its shard and tokens in its buffer.
+        self.logits_buffers = {
+            name: torch.empty(rows, vocab, dtype=torch.float32, device=device)
+            for name in self.processors
+        }
         shape = exchange_shape(rows, lm_head.num_embeddings_per_partition, group.world_size)
         self.buffer = torch.zeros(shape, dtype=torch.float32, device=device)
 
@@ -146,7 +150,7 @@ class VerifyRound:
             self.lm_head,
             self.hidden,
             mode="target_verify",
-            logits_buffer=self.logits_buffer,
+            logits_buffer=self.logits_buffers[name],
         )
 
     def gather_pick(self):
@@ -155,10 +159,11 @@ class VerifyRound:
 
     def exchange_pick(self):
         """The exchange's target verify: the argmax the graph's finalize picked."""
-        from sglang_dsa_mtp.integration.verify_argmax_exchange import kept_shard_of
+        from sglang_dsa_mtp.integration.vocab_shard_exchange import kept_shard_of
 
-        kept, start = kept_shard_of(self.forward("exchange").next_token_logits)
-        return kept.tokens[start : start + kept.rows].view(-1)
+        shard = self.forward("exchange").next_token_logits
+        kept, start = kept_shard_of(shard)
+        return kept.tokens[start : start + shard.shape[0]].view(-1)
 
 
 def bench_route(rank, world, init_method, args, route, result_file):

@@ -35,10 +35,9 @@ BUGS = {
     ),
     "verify-raises": (
         "kernels/ops/attention/dsa_metadata_bounded.py",
-        "\ndef fused_dsa_target_verify_metadata_bounded(",
-        "\ndef fused_dsa_target_verify_metadata_bounded(*args, **kwargs):\n"
-        "    raise RuntimeError('the verify kernel raises at every call')\n\n\n"
-        "def _unused_verify(",
+        '    """Target-verify replay metadata, bit-identical',
+        '    raise RuntimeError("the verify kernel raises at every call")\n'
+        '    """Target-verify replay metadata, bit-identical',
         ALL_DEVICES,
     ),
     "compile-counter-disconnected": (

@@ -53,12 +53,8 @@ def check(report: serving_loop.LoopReport, *, rounds: int) -> None:
     assert sorted(set(kinds)) == ["capture", "indexer", "replay", "warm-up"]
     assert len(kinds) == 4 * len(report.servers) + 1
     for server in report.servers:
-        assert (
-            len(
-                {int(i.what.rpartition(" ")[2]) for i in report.injections if server.name in i.what}
-            )
-            == 4
-        )
+        victims = {i.what.rpartition(" ")[2] for i in report.injections if server.name in i.what}
+        assert len(victims) == 4, f"{server.name}: the victims repeat: {victims}"
     assert report.indexer_calls >= 10 and report.indexer_live_calls
 
 
@@ -70,9 +66,8 @@ def test_the_serving_loop_on_the_gpu_is_bit_identical_compiles_nothing_and_absor
     config = serving_loop.LoopConfig(sizes=sizes, rounds=GPU_ROUNDS, indexer_every=20)
     report = serving_loop.run(config, served, progress=print)
     print(serving_loop.engagement_table(report))
-    print(
-        f"compiles: plugin-on captures {report.compiles_on_capture}, plugin off while serving {report.compiles_off}"
-    )
+    on, off = report.compiles_on_capture, report.compiles_off
+    print(f"Triton compiles: plugin-on captures {on}, plugin off while serving {off}")
     check(report, rounds=GPU_ROUNDS)
     assert report.compiles_off > 0 and report.compiles_on_capture > 0, "the counter counts"
     for server in report.servers:

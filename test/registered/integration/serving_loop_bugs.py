@@ -8,7 +8,7 @@ the test passing (or could not be applied: the code it patches changed).
 
 ``--bug NAME`` (repeatable) runs only those bugs; ``--all`` runs every bug on the device (the CPU
 twin then reports the compile counter's bug as passing: Triton's interpreter compiles nothing).
-The results are recorded in docs/testing.md ("What the serving loop catches").
+The results are recorded in docs/testing.md, "What the serving loop catches".
 """
 
 from __future__ import annotations

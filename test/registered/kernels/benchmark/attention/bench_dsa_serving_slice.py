@@ -468,7 +468,8 @@ def main(argv=None) -> int:
             rounds=args.rounds,
             servers=servers,
             seed=args.seed,
-            indexer_every=20 if timed else 8,
+            # at least 10 indexer calls: the injected one within 10% of them
+            indexer_every=max(1, min(20, args.rounds // 10)),
         )
         started = time.perf_counter()
         report = serving_loop.run(config, monkeypatch, progress=progress)

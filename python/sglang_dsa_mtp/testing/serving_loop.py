@@ -9,7 +9,8 @@ share, the draft's top-k from draft extend; unseeded: DeepSeek-V3.2) one server
 for ``--cuda-graph-max-bs-decode`` (:func:`~.dsa_serving.launch`), then serves rounds. A round is
 what a decode step of SGLang's EAGLE v2 worker hands its three graph runners for one batch:
 
-1. a captured batch size at random, and a batch that pads to it (SGLang pads to the smallest
+1. a captured batch size at random (none a fault victim holds: the victims' sizes are replayed in
+   their own rounds only), and a batch that pads to it (SGLang pads to the smallest
    captured size that fits); its requests continue from earlier rounds or are new, taking a free
    request slot whose ``req_to_token`` row is rewritten;
 2. the draft decode (seq_lens: each request's length ``L``), the target verify (``L``), the draft
@@ -23,24 +24,33 @@ what a decode step of SGLang's EAGLE v2 worker hands its three graph runners for
 Before each replay both arms' buffers that the replay writes are poisoned
 (:meth:`~.dsa_serving.Runner.poison`), then after both arms replayed every tensor their graphs read
 is compared (:func:`~.dsa_serving.differences`): :data:`~.dsa_serving.READ`, whole, but the compact
-page table's live columns, and of the draft decode of seeded steps not the indexer plans
+page table's pages that SGLang's kernels write (its 128-column blocks), and of the draft decode of seeded steps not the indexer plans
 (:data:`~.dsa_serving.INDEXER_PLANS`, which no seeded step reads). ``page_table_1`` is not read on
 this path and the plugin drops it. The host fields (:data:`~.dsa_serving.STATIC`) are compared after
 capture. Every ``indexer_every`` rounds, SGLang's indexer (:class:`IndexerCalls`) computes a top-k
 past the SM count with the live-width switch on and off: the top-k indices must be equal.
 
-Failures injected (:class:`Injection`), each a ``RuntimeError`` with its own text, per server: our
+The plugin's launches are counted per replay (:class:`Calls`): ours must run in at least
+:data:`MIN_OURS` of each :data:`ENGAGED` op's replays, a replay without it only at the op's fault
+victim; a plugin-off replay must launch none of ours; after each server every ``Fallback.failed``
+and the MTP batch sizes off the one launch hold exactly the injected victims. Some launches of
+:data:`SPANNING` must have more live tiles than tile programs (on the CPU, ``cpu_budget``).
+
+Failures injected (:class:`Injection`), each a ``RuntimeError`` with its own text, per server, at
+four distinct captured batch sizes (``_victims``): our
 target-verify kernel raising at its warm-up (capture) for one batch size; the MTP draft decode's
 capture-time decision raising for another; our draft-extend kernel raising at a replay, and the MTP
-one launch raising at a replay, each from a third of the way in; once per run, the indexer's live
-copy raising at its second chunk. After each, the loop goes on, the comparisons hold, and exactly one
+one launch raising at a replay, each from a third of the way in; once per run, at its last indexer
+call, the indexer's live copy raising at its second chunk. After each, the loop goes on, the comparisons hold, and exactly one
 line of the plugin's log carries the text.
 
 Triton's compiles (``compiles.count_compiles``) are counted around every replay of each arm. Every
 kernel variant of ours and SGLang's replay-metadata kernels is forgotten first (``forget_compiled``):
 the process starts as a fresh server. The arm with the plugin on must compile nothing after its
 captures, fallback replays included; the arm with it off uses its own copy of SGLang's kernels
-(``dsa_serving.sglang_metadata_kernels``) and compiles at first replays, as SGLang does.
+(``dsa_serving.sglang_metadata_kernels``) and compiles at first replays, as SGLang does. On a GPU
+both are the counter's positive controls: the off arm's compiles while serving and the on arm's at
+its captures (the warm-ups) must not be 0.
 :func:`run` returns a :class:`LoopReport`.
 """
 

@@ -1,17 +1,23 @@
 """The serving loop: SGLang's real DSA backends serving EAGLE rounds under CUDA graphs, the plugin on
 and off in one process (``sglang_dsa_mtp.testing.serving_loop``, its docstring says what a round is).
 
-After every replay, every metadata tensor the captured graphs read (``dsa_serving.READ``) equals the
-off arm's, bit for bit (the compact page table on each row's live columns); nothing the plugin-on
-arm launches compiles after its captures, fallback replays included; every injected failure (our
-kernel at its warm-up and at a replay, the MTP decision at capture and its one launch at a replay,
-the indexer's live copy mid-call) leaves exactly one line in the plugin's log and the comparisons
-holding; and the arms are what they claim (the plugin's kernels, dropped tables, the QLEN_ONLY mask,
-the one launch; SGLang's everywhere in the other).
+After every replay, every metadata tensor the captured graphs read (``dsa_serving.READ``, checked
+against every tensor of the metadata) equals the off arm's, bit for bit (the compact page table on
+the pages SGLang's kernels write); the plugin-on arm ran ours in at least 90% of each op's replays,
+the misses only at fault victims, and every ``Fallback.failed`` holds only the injected victims;
+nothing the plugin-on arm launches compiles after its captures, fallback replays included (on a GPU
+the counter's positive controls count compiles); every injected failure (our kernel at its warm-up
+and at a replay, the MTP decision at capture and its one launch at a replay, the indexer's live copy
+mid-call), at four distinct batch sizes per server, leaves exactly one line in the plugin's log and
+the comparisons holding; and the arms are what they claim (the plugin's kernels, dropped tables,
+the QLEN_ONLY mask, the one launch; SGLang's everywhere in the other).
 
 On a GPU: SGLang's capture list for ``--cuda-graph-max-bs-decode 48``, a 1M-token context, real
-CUDA graphs, 720 rounds (2,160 replays per arm: 120 rounds of each of the six servers). On the CPU, its twin: max bs 3, a 128-token
-context, the graphs simulated, 24 rounds, Triton's interpreter (which compiles nothing).
+CUDA graphs, 720 rounds (2,160 replays per arm: 120 rounds of each of the six servers), the
+engagement table printed. On the CPU, its twin: max bs 5, a 128-token context, the graphs
+simulated, 120 rounds (20 per server), a program budget of 2 (programs span requests), Triton's
+interpreter (which compiles nothing). ``serving_loop_bugs.py`` beside it checks that deliberate
+bugs fail these tests.
 """
 
 from types import SimpleNamespace

@@ -69,9 +69,10 @@ ON = {BOUNDED_ENV: "1", LIVE_ENV: "1"}  # the plugin's defaults
 OFF = {BOUNDED_ENV: "0", LIVE_ENV: "0"}  # both kill switches: SGLang's own paths
 OPS = ("target verify", "draft extend", "draft decode")
 FILL = 1  # DSA's get_cuda_graph_seq_len_fill_value: the seq_len of a padded graph row
-# The tensors of a batch size's DSAMetadata that the captured forward reads, compared whole (the two
-# page tables: live columns only, see ``differences``). page_table_1 is not among them: nothing on
-# this path reads it (SGLang's own drop condition, docs/switches.md), and the plugin drops it.
+# The tensors of a batch size's DSAMetadata that the captured forward reads, compared whole
+# (``real_page_table``: the 128-column blocks SGLang's kernels write, see ``differences``). Each must
+# be a tensor on both arms, and every tensor of the metadata must be here or in UNREAD
+# (``metadata_reads``).
 READ = (
     "cache_seqlens_int32",
     "cu_seqlens_q",
@@ -87,6 +88,15 @@ READ = (
     "paged_mqa_ctx_lens_2d",
     "topk_v2_plan",
 )
+# The metadata's tensors that no captured forward of this path reads, and why.
+UNREAD = {
+    "page_table_1": "nothing on this path reads it (SGLang's own drop condition, docs/switches.md); "
+    "the plugin drops it",
+}
+# SGLang 0.5.23's replay-metadata kernels write a row's page-table entries in blocks of this many
+# token columns (their ``block_n``): every entry of token columns ``c < 128 * cdiv(kv_len, 128)``
+# (and below the table's width), nothing past them.
+SGLANG_BLOCK_N = 128
 # The host-side fields of the metadata, compared after capture.
 STATIC = ("page_size", "max_seq_len_q", "max_seq_len_k", "dsa_extend_seq_lens_list")
 # What only the indexer reads: seeded draft steps (GLM-5 with index share) run no indexer, and the
@@ -121,9 +131,10 @@ GPU_SIZES = Sizes(
 )
 
 
-def cpu_sizes(max_bs: int = 3) -> Sizes:
+def cpu_sizes(max_bs: int = 5) -> Sizes:
     """The CPU form: a 128-token context (tables 136 to 138 columns: two 128-column blocks, the
-    second partial, three pages), SGLang's capture list up to ``max_bs``, an index top-k of 48
+    second partial, three pages), SGLang's capture list up to ``max_bs`` (1 .. 5 by default: room
+    for the serving loop's four distinct fault victims below the largest), an index top-k of 48
     (below most lengths, so that SGLang's ``min(length, top-k)`` clips), "long" past 32 tokens."""
     return Sizes(
         device=torch.device("cpu"),
@@ -280,18 +291,42 @@ class Graphs:
         )
 
 
+class UncomparedMetadata(LookupError):
+    """A ``DSAMetadata`` tensor the comparison would leave out: a :data:`READ` name missing or None,
+    or a tensor in neither :data:`READ` nor :data:`UNREAD`."""
+
+
+def metadata_tensors(metadata) -> dict[str, torch.Tensor]:
+    """Every tensor of one ``DSAMetadata`` by name: its tensor fields, and ``field.leaf`` for the
+    tensors of a field that holds some (FlashMLA's ``flashmla_metadata``)."""
+    out = {}
+    for name, value in vars(metadata).items():
+        if isinstance(value, torch.Tensor):
+            out[name] = value
+        elif hasattr(value, "__dict__"):
+            out.update(
+                (f"{name}.{leaf}", v)
+                for leaf, v in vars(value).items()
+                if isinstance(v, torch.Tensor)
+            )
+    return out
+
+
 def metadata_reads(metadata) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
     """(the tensors of one ``DSAMetadata`` the forward reads, by :data:`READ` name; its
-    :data:`STATIC` host fields)."""
-    tensors = {}
-    for name in READ:
-        owner, _, leaf = name.partition(".")
-        value = getattr(metadata, owner)
-        if leaf and value is not None:
-            value = getattr(value, leaf)
-        if isinstance(value, torch.Tensor):
-            tensors[name] = value
-    return tensors, {name: getattr(metadata, name) for name in STATIC}
+    :data:`STATIC` host fields). Raises :class:`UncomparedMetadata` naming every :data:`READ`
+    name that is missing or None, and every tensor that is neither read nor :data:`UNREAD`."""
+    tensors = metadata_tensors(metadata)
+    missing = [name for name in READ if name not in tensors]
+    unlisted = sorted(set(tensors) - set(READ) - set(UNREAD))
+    if missing or unlisted:
+        raise UncomparedMetadata(
+            f"{type(metadata).__name__}: missing or None: {missing}; tensors in neither READ nor "
+            f"UNREAD: {unlisted}"
+        )
+    return {name: tensors[name] for name in READ}, {
+        name: getattr(metadata, name) for name in STATIC
+    }
 
 
 class Runner:
@@ -428,10 +463,11 @@ class Runner:
 def differences(on: Runner, off: Runner, bs: int, *, skip=()) -> list[tuple[str, object]]:
     """(name, differs) for every tensor the two arms' graphs of ``bs`` read, ``differs`` a bool or
     a 0-d bool tensor (on the device: read them all with one sync). Each tensor is compared whole,
-    bit for bit, but ``real_page_table``: each row's live columns only (column ``c`` while
-    ``c * page_size`` is below the row's ``cache_seqlens_int32``), since past them a replay leaves
-    what an earlier replay of any batch size wrote (SGLang's contract: readers stop at the row's
-    length). Names whose last word is in ``skip`` are left out."""
+    bit for bit, but ``real_page_table``: each row's entries that SGLang's kernels write (page
+    ``c`` while ``c * page_size`` is below the row's ``cache_seqlens_int32`` rounded up to
+    :data:`SGLANG_BLOCK_N` token columns), since past them a replay leaves what an earlier replay
+    of any batch size wrote (SGLang's contract: readers stop at the row's length). Names whose
+    last word is in ``skip`` are left out."""
     ours, stock = on.read(bs), off.read(bs)
     out = []
     for name in sorted(set(ours) | set(stock)):
@@ -443,15 +479,23 @@ def differences(on: Runner, off: Runner, bs: int, *, skip=()) -> list[tuple[str,
             continue
         if name.endswith("real_page_table"):
             prefix = name[: -len("real_page_table")]
-            lengths = stock[prefix + "cache_seqlens_int32"]
-            page = off.static[bs][prefix + "page_size"]
-            rows = b.shape[0]
-            row_lengths = lengths.repeat_interleave(rows // lengths.numel())
-            live = torch.arange(b.shape[1], device=b.device)[None, :] * page < row_lengths[:, None]
-            out.append((name + " (live)", ((a != b) & live).any()))
+            written = written_pages(
+                stock[prefix + "cache_seqlens_int32"], b, off.static[bs][prefix + "page_size"]
+            )
+            out.append((name + " (written)", ((a != b) & written).any()))
         else:
             out.append((name, (a != b).any()))
     return out
+
+
+def written_pages(kv_lens: torch.Tensor, table: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The entries of a ``real_page_table`` (rows: the requests' rows, each request's alike) that
+    SGLang's replay-metadata kernels write for requests of ``kv_lens`` tokens: page ``c`` of a row
+    while ``c * page_size < SGLANG_BLOCK_N * cdiv(kv_len, SGLANG_BLOCK_N)``."""
+    rows = table.shape[0]
+    kv = kv_lens.repeat_interleave(rows // kv_lens.numel()).to(torch.int64)
+    end = (kv + SGLANG_BLOCK_N - 1) // SGLANG_BLOCK_N * SGLANG_BLOCK_N
+    return torch.arange(table.shape[1], device=table.device)[None, :] * page_size < end[:, None]
 
 
 def static_differences(on: Runner, off: Runner, bs: int) -> list[str]:

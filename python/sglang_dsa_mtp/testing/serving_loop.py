@@ -9,7 +9,8 @@ share, the draft's top-k from draft extend; unseeded: DeepSeek-V3.2) one server
 for ``--cuda-graph-max-bs-decode`` (:func:`~.dsa_serving.launch`), then serves rounds. A round is
 what a decode step of SGLang's EAGLE v2 worker hands its three graph runners for one batch:
 
-1. a captured batch size at random, and a batch that pads to it (SGLang pads to the smallest
+1. a captured batch size at random (none a fault victim holds: the victims' sizes are replayed in
+   their own rounds only), and a batch that pads to it (SGLang pads to the smallest
    captured size that fits); its requests continue from earlier rounds or are new, taking a free
    request slot whose ``req_to_token`` row is rewritten;
 2. the draft decode (seq_lens: each request's length ``L``), the target verify (``L``), the draft
@@ -23,29 +24,39 @@ what a decode step of SGLang's EAGLE v2 worker hands its three graph runners for
 Before each replay both arms' buffers that the replay writes are poisoned
 (:meth:`~.dsa_serving.Runner.poison`), then after both arms replayed every tensor their graphs read
 is compared (:func:`~.dsa_serving.differences`): :data:`~.dsa_serving.READ`, whole, but the compact
-page table's live columns, and of the draft decode of seeded steps not the indexer plans
+page table's pages that SGLang's kernels write (its 128-column blocks), and of the draft decode of seeded steps not the indexer plans
 (:data:`~.dsa_serving.INDEXER_PLANS`, which no seeded step reads). ``page_table_1`` is not read on
 this path and the plugin drops it. The host fields (:data:`~.dsa_serving.STATIC`) are compared after
 capture. Every ``indexer_every`` rounds, SGLang's indexer (:class:`IndexerCalls`) computes a top-k
 past the SM count with the live-width switch on and off: the top-k indices must be equal.
 
-Failures injected (:class:`Injection`), each a ``RuntimeError`` with its own text, per server: our
+The plugin's launches are counted per replay (:class:`Calls`): ours must run in at least
+:data:`MIN_OURS` of each :data:`ENGAGED` op's replays, a replay without it only at the op's fault
+victim; a plugin-off replay must launch none of ours; after each server every ``Fallback.failed``
+and the MTP batch sizes off the one launch hold exactly the injected victims. Some launches of
+:data:`SPANNING` must have more live tiles than tile programs (on the CPU, ``cpu_budget``).
+
+Failures injected (:class:`Injection`), each a ``RuntimeError`` with its own text, per server, at
+four distinct captured batch sizes (``_victims``): our
 target-verify kernel raising at its warm-up (capture) for one batch size; the MTP draft decode's
 capture-time decision raising for another; our draft-extend kernel raising at a replay, and the MTP
-one launch raising at a replay, each from a third of the way in; once per run, the indexer's live
-copy raising at its second chunk. After each, the loop goes on, the comparisons hold, and exactly one
+one launch raising at a replay, each from a third of the way in; once per run, at its last indexer
+call, the indexer's live copy raising at its second chunk. After each, the loop goes on, the comparisons hold, and exactly one
 line of the plugin's log carries the text.
 
 Triton's compiles (``compiles.count_compiles``) are counted around every replay of each arm. Every
 kernel variant of ours and SGLang's replay-metadata kernels is forgotten first (``forget_compiled``):
 the process starts as a fresh server. The arm with the plugin on must compile nothing after its
 captures, fallback replays included; the arm with it off uses its own copy of SGLang's kernels
-(``dsa_serving.sglang_metadata_kernels``) and compiles at first replays, as SGLang does.
+(``dsa_serving.sglang_metadata_kernels``) and compiles at first replays, as SGLang does. On a GPU
+both are the counter's positive controls: the off arm's compiles while serving and the on arm's at
+its captures (the warm-ups) must not be 0.
 :func:`run` returns a :class:`LoopReport`.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -65,6 +76,20 @@ from sglang_dsa_mtp.testing.constants import POISON
 
 LAUNCH_NAMES = ("3/1/4", "4/1/5", "5/1/6")
 EDGES = (0, 1, 63, 64, 65, 127, 128, 129)  # and the context itself
+# What the plugin-on arm's replays must run of ours: our target-verify and draft-extend kernels,
+# our draft-decode metadata (the MTP one launch, or our decode kernel in every step backend), and
+# within it the MTP one launch; each in at least MIN_OURS of its replays, the replays that did not
+# run it all at its fault victims (``_Server.victims_of``). The indexer's live copy likewise, of
+# the indexer calls.
+ENGAGED = ("target verify", "draft extend", "draft decode", "MTP one launch")
+MIN_OURS = 0.9
+# A server with injections replays its victims' batch sizes in four rounds only (``run``), which
+# leaves two draft decodes without the one launch: at least 20 rounds keep that within 10%.
+MIN_ROUNDS_INJECTED = 20
+# The kernels (named as ``Calls`` counts them) of which some launch must have more live tiles than
+# tile programs, so that programs move on from one request to the next.
+SPANNING = ("target verify", "draft extend", "MTP one launch")
+INJECTIONS = ("capture", "warm-up", "replay", "one launch")  # the victims' keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +105,10 @@ class LoopConfig:
     seed: int = 0
     indexer_every: int = 10  # rounds (over all servers) between two indexer calls; 0: none
     inject: bool = True
+    # The bounded kernels' program budget for CPU tensors (``host.CPU_DEFAULT_BUDGET``) in the run:
+    # below the batch sizes, so that programs take tiles of several requests (a CUDA device's
+    # budget is its SM count's; at its 1M context, a request alone has more tiles than that).
+    cpu_budget: int = 2
 
 
 @dataclasses.dataclass
@@ -107,7 +136,16 @@ class ServerReport:
     requests: int = 0  # request replays
     long_requests: int = 0  # of which past long_from
     engaged: dict[str, bool] = dataclasses.field(default_factory=dict)
+    # Per ENGAGED op: the plugin-on arm's replays that ran ours.
+    ours: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Replays that did not run ours outside a fault victim, a plugin-off replay that ran ours, a
+    # Fallback.failed or an MTP batch size off the one launch that is not an injected victim.
+    unexpected: list[str] = dataclasses.field(default_factory=list)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def ours_of(self, op: str) -> tuple[int, int]:
+        """(replays that ran ours, replays) of an ENGAGED op."""
+        return self.ours.get(op, 0), self.replays.get(op, self.replays.get("draft decode", 0))
 
 
 @dataclasses.dataclass
@@ -119,6 +157,11 @@ class LoopReport:
     injections: list[Injection] = dataclasses.field(default_factory=list)
     compiles_on: list[str] = dataclasses.field(default_factory=list)  # after the captures
     compiles_off: int = 0
+    compiles_on_capture: int = 0  # the positive control on the on arm: its captures' warm-ups
+    # Launches of our kernels while the on arm replayed (``Calls``), per kernel, and of those the
+    # launches whose batch had more live tiles than the launch has tile programs.
+    calls: dict[str, int] = dataclasses.field(default_factory=dict)
+    spanned: dict[str, int] = dataclasses.field(default_factory=dict)
     indexer_calls: int = 0  # per arm
     indexer_live_calls: int = 0  # of the on arm's calls, those the live copy answered
     indexer_mismatches: list[str] = dataclasses.field(default_factory=list)
@@ -142,8 +185,32 @@ class LoopReport:
             out += [
                 f"{server.name}: {fact} is not so" for fact, ok in server.engaged.items() if not ok
             ]
-        if self.indexer_calls and not self.indexer_live_calls:
-            out.append("the live copy answered none of the indexer calls")
+            out += [f"{server.name}: {line}" for line in server.unexpected[:20]]
+            for op in ENGAGED:
+                ran, replays = server.ours_of(op)
+                if ran < MIN_OURS * replays:
+                    out.append(f"{server.name}: ours ran in {ran} of {replays} {op} replays")
+        missed = self.indexer_calls - self.indexer_live_calls
+        injected = sum(i.raised for i in self.injections if i.where == "indexer")
+        if self.indexer_calls and (
+            missed > injected or self.indexer_live_calls < MIN_OURS * self.indexer_calls
+        ):
+            out.append(
+                f"the live copy answered {self.indexer_live_calls} of {self.indexer_calls} indexer "
+                f"calls ({injected} injected failures)"
+            )
+        if self.servers:
+            out += [
+                f"no {kernel} launch had more live tiles than tile programs"
+                for kernel in SPANNING
+                if not self.spanned.get(kernel)
+            ]
+        if self.device.startswith("cuda") and not (self.compiles_off and self.compiles_on_capture):
+            out.append(
+                f"the compile counter saw {self.compiles_off} compiles of the plugin-off arm while "
+                f"serving and {self.compiles_on_capture} of the plugin-on arm's captures: on a GPU "
+                "both compile, so the counter is not counting"
+            )
         for injection in self.injections:
             if not injection.raised:
                 out.append(f"the {injection.where} injection ({injection.what}) never raised")
@@ -212,6 +279,83 @@ def _raising_at(fn, bs: int, injection: Injection, armed=lambda: True):
         return fn(*args, **kwargs)
 
     return call
+
+
+class Calls:
+    """The launches of our kernels, counted from the integration side: at the ``ours`` of each
+    :class:`~sglang_dsa_mtp.integration.fallback.Fallback` of an arm (:meth:`attach`), counted only
+    where ``ours`` is the kernel ``dsa_metadata_selection.KERNELS`` names for its attribute (SGLang's
+    kernel wrapped as "ours" counts nothing), and at the MTP hook's one-launch kernel
+    (``dsa_mtp_draft_metadata.fused_dsa_draft_decode_metadata_multi``). A launch counts when it
+    returns, inside :meth:`replay` only (not the captures' warm-ups), by kernel: "decode", "target
+    verify", "draft extend" (``KERNELS``' names), "MTP one launch". Each counted launch also tells
+    whether its batch had more live tiles than the launch has tile programs (:func:`spans`)."""
+
+    def __init__(self, monkeypatch):
+        from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
+
+        self.launches: collections.Counter = collections.Counter()  # of the on arm
+        self.spanned: collections.Counter = collections.Counter()
+        self._now: Optional[collections.Counter] = None
+        self._arm: Optional[str] = None
+        one_launch = mtp.fused_dsa_draft_decode_metadata_multi
+        monkeypatch.setattr(
+            mtp,
+            "fused_dsa_draft_decode_metadata_multi",
+            self._counted(one_launch, "MTP one launch"),
+        )
+
+    def attach(self, arm) -> None:
+        from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
+        from sglang_dsa_mtp.integration.fallback import Fallback
+
+        for backend in arm.backends().values():
+            for attr, kernel, name in KERNELS:
+                fallback = getattr(backend, attr)
+                if isinstance(fallback, Fallback) and fallback.ours is kernel:
+                    fallback.ours = self._counted(kernel, name)
+
+    def _counted(self, kernel, name: str):
+        def call(*args, **kwargs):
+            out = kernel(*args, **kwargs)
+            if self._now is not None:
+                self._now[name] += 1
+                if self._arm == "on":
+                    self.launches[name] += 1
+                    self.spanned[name] += spans(**kwargs)
+            return out
+
+        return call
+
+    @contextlib.contextmanager
+    def replay(self, arm: str):
+        """The launches counted while ``arm`` ("on", "off") replays: a Counter by kernel."""
+        self._now, self._arm = collections.Counter(), arm
+        try:
+            yield self._now
+        finally:
+            self._now = self._arm = None
+
+
+def spans(*, bs, seq_lens, max_len=None, max_seqlen_k=None, next_n=0, **_) -> bool:
+    """Whether a bounded launch of these keyword arguments (SGLang's, or the one launch's) has more
+    live ``TILE_N``-column tiles than tile programs: then some program takes several tiles, of
+    several requests where a request has at most one tile (the CPU's 128-token context). A request's
+    tiles cover its KV length (``seq_lens``, + ``next_n`` in a target verify) rounded up to SGLang's
+    128-column blocks, within the table's width; the programs are ``bounded_num_programs`` of the
+    device's default budget."""
+    from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
+        TILE_N,
+        bounded_num_programs,
+    )
+    from sglang_dsa_mtp.kernels.ops.host import default_budget
+
+    width = max_len if max_len is not None else max_seqlen_k
+    kv = seq_lens[:bs].to(torch.int64) + next_n
+    block = slice_.SGLANG_BLOCK_N
+    live_end = ((kv.clamp(min=0) + block - 1) // block * block).clamp(max=width)
+    tiles = int(((live_end + TILE_N - 1) // TILE_N).sum())
+    return tiles > bounded_num_programs(bs, width, default_budget(seq_lens.device))
 
 
 class IndexerCalls:
@@ -428,7 +572,18 @@ def forget_all_compiled() -> None:
 class _Server:
     """One server of the loop: its two arms, requests, injections, report."""
 
-    def __init__(self, config: LoopConfig, launch_name: str, seeded: bool, captured, rng, gen):
+    def __init__(
+        self,
+        config: LoopConfig,
+        launch_name: str,
+        seeded: bool,
+        captured,
+        rng,
+        gen,
+        *,
+        calls: Calls,
+        victims: dict,
+    ):
         sizes = config.sizes
         self.sizes, self.rng, self.gen = sizes, rng, gen
         self.steps, _, self.tokens = kit.LAUNCHES[launch_name]
@@ -455,6 +610,20 @@ class _Server:
         self.requests = Requests(sizes, self.req_to_token, rng, gen)
         self.injections: list[Injection] = []
         self.armed = False
+        self.calls = calls
+        for arm in (self.on, self.off):
+            calls.attach(arm)
+        self.report.ours = {op: 0 for op in ENGAGED}
+        # The batch sizes at which an ENGAGED op may run SGLang's path instead of ours.
+        self.victims_of = {op: set() for op in ENGAGED}
+        if victims:
+            self.victims_of["target verify"].add(victims["warm-up"])
+            self.victims_of["draft extend"].add(victims["replay"])
+            self.victims_of["MTP one launch"].update((victims["capture"], victims["one launch"]))
+        # The rounds' random batch sizes: the victims' replayed in their own rounds only (``run``).
+        self.regular = [bs for bs in self.captured if bs not in victims.values()]
+        # (the Fallback or "MTP", the victim bs, the injection): what may fall back, and why.
+        self.injected: list[tuple[object, int, Injection]] = []
 
     # --- injections -------------------------------------------------------------------------------
 
@@ -475,8 +644,10 @@ class _Server:
         if isinstance(verify, Fallback):
             injection = self._injection("warm-up", f"target verify bs {bs}")
             verify.ours = _raising_at(verify.ours, bs, injection)
+            self.injected.append((verify, bs, injection))
         bs = victims["capture"]
         injection = self._injection("capture", f"MTP draft decode bs {bs}")
+        self.injected.append(("MTP", bs, injection))
         decide, multi = mtp.one_launch_kwargs, self.on.multi
 
         def one_launch_kwargs(owner, metas, at_bs):
@@ -499,8 +670,10 @@ class _Server:
         if isinstance(extend, Fallback):
             injection = self._injection("replay", f"draft extend bs {bs}")
             extend.ours = _raising_at(extend.ours, bs, injection, armed)
+            self.injected.append((extend, bs, injection))
         bs = victims["one launch"]
         injection = self._injection("replay", f"MTP one launch bs {bs}")
+        self.injected.append(("MTP", bs, injection))
         write, multi = mtp.write_draft_decode_metadata, self.on.multi
 
         def write_draft_decode_metadata(owner, forward_batch, plan):
@@ -513,10 +686,12 @@ class _Server:
 
     # --- capture ----------------------------------------------------------------------------------
 
-    def capture(self) -> None:
+    def capture(self, counters: dict) -> None:
         start = time.perf_counter()
-        for arm in (self.on, self.off):
-            arm.capture(self.captured)
+        with count_compiles() as compiled:
+            self.on.capture(self.captured)
+        counters["on capture"] += len(compiled.names)
+        self.off.capture(self.captured)
         self.report.seconds["capture"] = time.perf_counter() - start
         for op in slice_.OPS:
             for bs in self.captured:
@@ -557,6 +732,33 @@ class _Server:
                 facts["off: the target has no verify mask"] = arm.target.verify_mask is None
                 facts["off: the MTP draft decode takes SGLang's precompute"] = not one_launch
 
+    def check_fallen_back(self) -> None:
+        """Every ``Fallback.failed`` of the on arm, and its MTP batch sizes off the one launch: the
+        injected victims whose injection raised, nothing else."""
+        from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
+        from sglang_dsa_mtp.integration.fallback import Fallback
+        from sglang_dsa_mtp.integration.state import MultiStepState, peek
+
+        def expected(owner) -> set:
+            return {bs for o, bs, injection in self.injected if o is owner and injection.raised}
+
+        unexpected = self.report.unexpected
+        for role, backend in self.on.backends().items():
+            for attr, _, name in KERNELS:
+                fallback = getattr(backend, attr)
+                if isinstance(fallback, Fallback) and fallback.failed != expected(fallback):
+                    unexpected.append(
+                        f"the {role}'s {name} Fallback.failed is {sorted(fallback.failed)}, the "
+                        f"injected victims {sorted(expected(fallback))}"
+                    )
+        plans = peek(self.on.multi, MultiStepState).batch_sizes
+        off = {bs for bs, plan in plans.items() if plan.reason is not None}
+        if off != expected("MTP"):
+            unexpected.append(
+                f"the MTP batch sizes off the one launch are {sorted(off)}, the injected victims "
+                f"{sorted(expected('MTP'))}"
+            )
+
     # --- rounds -----------------------------------------------------------------------------------
 
     def round(self, index: int, bs: int, counters: dict) -> None:
@@ -581,13 +783,14 @@ class _Server:
             for arm in (self.on, self.off):
                 arm.runners[op].poison(bs, POISON)
             extra = accepted_t if op == "draft extend" else None
-            with count_compiles() as compiled:
+            with count_compiles() as compiled, self.calls.replay("on") as ran:
                 self.on.replay(op, bs, inputs[op], slot_t, extra)
             counters["on"] += compiled.names
-            with count_compiles() as compiled:
+            with count_compiles() as compiled, self.calls.replay("off") as ran_off:
                 self.off.replay(op, bs, inputs[op], slot_t, extra)
             counters["off"] += len(compiled.names)
             report.replays[op] += 1
+            self.engagement(f"round {index}, {op} bs {bs}", op, bs, ran, ran_off)
             skip = slice_.INDEXER_PLANS if op == "draft decode" and self.seeded else ()
             for name, differs in slice_.differences(
                 self.on.runners[op], self.off.runners[op], bs, skip=skip
@@ -606,15 +809,39 @@ class _Server:
         report.long_requests += sum(n > sizes.long_from for n in lengths)
         self.requests.advance(slots, accepted, self.tokens)
 
+    def engagement(self, label: str, op: str, bs: int, ran, ran_off) -> None:
+        """Count the ENGAGED ops whose ours ran in one replay of ``op`` (``ran``: the on arm's
+        launches, :class:`Calls`); note a miss outside the op's victims, and any launch of ours
+        in the off arm's replay."""
+        report = self.report
+        if ran_off:
+            report.unexpected.append(f"{label}: the plugin-off arm ran ours: {dict(ran_off)}")
+        if op == "draft decode":
+            steps = len(self.on.step_backends())
+            one_launch = ran["MTP one launch"] > 0
+            done = {"draft decode": one_launch or ran["decode"] >= steps}
+            done["MTP one launch"] = one_launch
+        else:
+            done = {op: ran[op] > 0}
+        for name, ours in done.items():
+            if ours:
+                report.ours[name] += 1
+            elif bs not in self.victims_of[name]:
+                report.unexpected.append(
+                    f"{label}: ours did not run ({name}; launches {dict(ran)})"
+                )
+
 
 def _victims(captured: list[int], rng: random.Random) -> dict:
-    """Four different captured batch sizes for the injections (the capture victim is never the
-    first captured, whose capture writes the start-up line)."""
-    pool = sorted(captured)[:-1]  # not the largest: it is captured first
-    picks = rng.sample(pool, min(4, len(pool)))
-    while len(picks) < 4:
-        picks.append(picks[-1])
-    return dict(zip(("capture", "warm-up", "replay", "one launch"), picks))
+    """Four distinct captured batch sizes for the injections, by :data:`INJECTIONS` key, none the
+    largest (captured first, its capture writes the start-up lines)."""
+    pool = sorted(captured)[:-1]
+    if len(pool) < len(INJECTIONS):
+        raise ValueError(
+            f"the injections need {len(INJECTIONS) + 1} captured batch sizes (distinct victims "
+            f"below the largest), got {captured}: raise the max bs"
+        )
+    return dict(zip(INJECTIONS, rng.sample(pool, len(INJECTIONS))))
 
 
 def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
@@ -630,48 +857,56 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
     shares = [
         config.rounds // len(pairs) + (i < config.rounds % len(pairs)) for i in range(len(pairs))
     ]
-    if config.inject and min(shares) < 4:
+    if config.inject and min(shares) < MIN_ROUNDS_INJECTED:
         raise ValueError(
-            f"rounds={config.rounds} gives a server {min(shares)} rounds; the injections need 4 "
-            f"per server ({4 * len(pairs)} in all)"
+            f"rounds={config.rounds} gives a server {min(shares)} rounds; with injections each "
+            f"needs {MIN_ROUNDS_INJECTED} ({MIN_ROUNDS_INJECTED * len(pairs)} in all)"
         )
-    counters = {"on": [], "off": 0}
+    counters = {"on": [], "off": 0, "on capture": 0}
     forward = torch.cuda.Stream() if device.type == "cuda" else None
+    if device.type != "cuda":
+        from sglang_dsa_mtp.kernels.ops import host
+
+        monkeypatch.setattr(host, "CPU_DEFAULT_BUDGET", config.cpu_budget)
     with _plugin_log() as log:
         forget_all_compiled()
         indexer = _IndexerStep(config, monkeypatch, report, rng, gen)
-        for number, ((launch_name, seeded), share) in enumerate(zip(pairs, shares)):
+        calls = Calls(monkeypatch)
+        for (launch_name, seeded), share in zip(pairs, shares):
             # Each server in a process of its own, as it were: its injections undone and its memory
             # freed when it is done, and a fresh once-per-process log memory (the plugin's log keys
             # name objects by id, which a later server's objects may reuse).
             with slice_.launch(launch_name, sizes) as (_, captured), monkeypatch.context() as own:
                 own.setattr(plugin_log, "_seen", set())
-                server = _Server(config, launch_name, seeded, captured, rng, gen)
-                victims = _victims(captured, rng)
+                victims = _victims(captured, rng) if config.inject else {}
+                server = _Server(
+                    config, launch_name, seeded, captured, rng, gen, calls=calls, victims=victims
+                )
                 if config.inject:
                     server.inject_before_capture(own, victims)
-                server.capture()
+                server.capture(counters)
                 server.check_engaged()
                 if config.inject:
                     server.inject_at_replay(own, victims)
                 start = time.perf_counter()
-                # The victims' batch sizes first, the replay injections armed from a third in.
+                # The victims' batch sizes in their own rounds only, the capture's first, the
+                # replay injections armed from a third in; the other rounds at the other sizes.
                 arm_at = max(2, share // 3)
-                forced = {0: victims["warm-up"], 1: victims["capture"]}
-                forced.update({arm_at: victims["replay"], arm_at + 1: victims["one launch"]})
-                last = number == len(pairs) - 1
+                forced = {}
+                if victims:
+                    forced = {0: victims["warm-up"], 1: victims["capture"]}
+                    forced.update({arm_at: victims["replay"], arm_at + 1: victims["one launch"]})
                 if forward:  # the rounds on a stream of their own, after everything captured
                     torch.cuda.synchronize()
                 with torch.cuda.stream(forward) if forward else contextlib.nullcontext():
                     for index in range(share):
                         server.armed = config.inject and index >= arm_at
-                        server.round(
-                            index, forced.get(index, rng.choice(server.captured)), counters
-                        )
+                        server.round(index, forced.get(index, rng.choice(server.regular)), counters)
                         if indexer.due():
-                            indexer.call(server.report.name, counters, inject=last and server.armed)
+                            indexer.call(server.report.name, counters)
                 if forward:
                     torch.cuda.synchronize()
+                server.check_fallen_back()
                 server.report.seconds["rounds"] = time.perf_counter() - start
                 report.servers.append(server.report)
                 report.injections += server.injections
@@ -686,7 +921,32 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
         injection.lines = [m for m in log.messages if injection.text in m]
     report.compiles_on = counters["on"]
     report.compiles_off = counters["off"]
+    report.compiles_on_capture = counters["on capture"]
+    report.calls, report.spanned = dict(calls.launches), dict(calls.spanned)
     return report
+
+
+def engagement_table(report: LoopReport) -> str:
+    """A markdown table: per server, the plugin-on replays of each ENGAGED op that ran ours; then
+    the launches of each kernel of ours (:class:`Calls`), those with more live tiles than tile
+    programs, and the indexer calls the live copy answered."""
+    from sglang_dsa_mtp.testing.bench_cli import markdown_header, markdown_row
+
+    lines = [markdown_header(["server", *(f"{op}: ours ran" for op in ENGAGED)])]
+    for server in report.servers:
+        cells = ["{} of {}".format(*server.ours_of(op)) for op in ENGAGED]
+        lines.append(markdown_row([server.name, *cells]))
+    launches = ", ".join(
+        f"{kernel} {report.calls[kernel]:,} ({report.spanned.get(kernel, 0):,} with more live "
+        "tiles than programs)"
+        for kernel in sorted(report.calls)
+    )
+    lines += [
+        "",
+        f"Launches of ours while the plugin-on arm replayed: {launches or 'none'}; indexer calls "
+        f"the live copy answered: {report.indexer_live_calls} of {report.indexer_calls}",
+    ]
+    return "\n".join(lines)
 
 
 def _progress_line(server: ServerReport) -> str:
@@ -699,16 +959,20 @@ def _progress_line(server: ServerReport) -> str:
 
 class _IndexerStep:
     """The loop's indexer calls (:class:`IndexerCalls`), every ``indexer_every`` rounds; the live
-    copy's failure injected once, in the last server's armed rounds, after calls it answered."""
+    copy's failure injected once, at the last call (after it, SGLang's path takes the calls of
+    that shape), after calls it answered. The plugin's memory of shapes that failed starts empty."""
 
     def __init__(self, config: LoopConfig, monkeypatch, report: LoopReport, rng, gen):
+        from sglang_dsa_mtp.integration import dsa_indexer_live_logits
         from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 
         self.every, self.inject_ok = config.indexer_every, config.inject
         self.monkeypatch, self.report, self.rng = monkeypatch, report, rng
         self.injections: list[Injection] = []
         self.rounds = 0
+        self.last = config.rounds // self.every * self.every if self.every else 0
         self.calls = None
+        monkeypatch.setattr(dsa_indexer_live_logits, "_FAILED", {})
         if self.every:
             try:
                 self.calls = IndexerCalls(monkeypatch, config.sizes.device, gen)
@@ -732,8 +996,8 @@ class _IndexerStep:
         self.rounds += 1
         return self.calls is not None and self.rounds % self.every == 0
 
-    def call(self, server: str, counters: dict, *, inject: bool) -> None:
-        if inject and self.inject_ok and not self.injections and self.report.indexer_live_calls:
+    def call(self, server: str, counters: dict) -> None:
+        if self.inject_ok and self.rounds == self.last and self.report.indexer_live_calls:
             self.injections.append(_inject_indexer(self.monkeypatch))
         try:
             with count_compiles() as compiled:

@@ -1,18 +1,26 @@
 """The serving loop: SGLang's real DSA backends serving EAGLE rounds under CUDA graphs, the plugin on
 and off in one process (``sglang_dsa_mtp.testing.serving_loop``, its docstring says what a round is).
 
-After every replay, every metadata tensor the captured graphs read (``dsa_serving.READ``) equals the
-off arm's, bit for bit (the compact page table on each row's live columns); nothing the plugin-on
-arm launches compiles after its captures, fallback replays included; every injected failure (our
-kernel at its warm-up and at a replay, the MTP decision at capture and its one launch at a replay,
-the indexer's live copy mid-call) leaves exactly one line in the plugin's log and the comparisons
-holding; and the arms are what they claim (the plugin's kernels, dropped tables, the QLEN_ONLY mask,
-the one launch; SGLang's everywhere in the other).
+After every replay, every metadata tensor the captured graphs read (``dsa_serving.READ``, checked
+against every tensor of the metadata) equals the off arm's, bit for bit (the compact page table on
+the pages SGLang's kernels write); the plugin-on arm ran ours in at least 90% of each op's replays,
+the misses only at fault victims, and every ``Fallback.failed`` holds only the injected victims;
+nothing the plugin-on arm launches compiles after its captures, fallback replays included (on a GPU
+the counter's positive controls count compiles); every injected failure (our kernel at its warm-up
+and at a replay, the MTP decision at capture and its one launch at a replay, the indexer's live copy
+mid-call), at four distinct batch sizes per server, leaves exactly one line in the plugin's log and
+the comparisons holding; and the arms are what they claim (the plugin's kernels, dropped tables,
+the QLEN_ONLY mask, the one launch; SGLang's everywhere in the other).
 
 On a GPU: SGLang's capture list for ``--cuda-graph-max-bs-decode 48``, a 1M-token context, real
-CUDA graphs, 720 rounds (2,160 replays per arm: 120 rounds of each of the six servers). On the CPU, its twin: max bs 3, a 128-token
-context, the graphs simulated, 24 rounds, Triton's interpreter (which compiles nothing).
+CUDA graphs, 720 rounds (2,160 replays per arm: 120 rounds of each of the six servers), the
+engagement table printed. On the CPU, its twin: max bs 5, a 128-token context, the graphs
+simulated, 120 rounds (20 per server), a program budget of 2 (programs span requests), Triton's
+interpreter (which compiles nothing). ``serving_loop_bugs.py`` beside it checks that deliberate
+bugs fail these tests.
 """
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,9 +35,10 @@ require_sglang()
 
 from sglang_dsa_mtp.testing import dsa_backends as kit
 from sglang_dsa_mtp.testing import dsa_serving, serving_loop
+from sglang_dsa_mtp.testing.constants import POISON
 
 GPU_ROUNDS = 720  # at least 2,000 replays per arm
-CPU_ROUNDS = 24  # 4 per server: the injections' rounds
+CPU_ROUNDS = 6 * serving_loop.MIN_ROUNDS_INJECTED  # ours in 90% of each server's replays
 
 
 @pytest.fixture
@@ -49,7 +58,10 @@ def check(report: serving_loop.LoopReport, *, rounds: int) -> None:
     kinds = [injection.where for injection in report.injections]
     assert sorted(set(kinds)) == ["capture", "indexer", "replay", "warm-up"]
     assert len(kinds) == 4 * len(report.servers) + 1
-    assert report.indexer_calls and report.indexer_live_calls
+    for server in report.servers:
+        victims = {i.what.rpartition(" ")[2] for i in report.injections if server.name in i.what}
+        assert len(victims) == 4, f"{server.name}: the victims repeat: {victims}"
+    assert report.indexer_calls >= 10 and report.indexer_live_calls
 
 
 @pytest.mark.gpu
@@ -59,7 +71,11 @@ def test_the_serving_loop_on_the_gpu_is_bit_identical_compiles_nothing_and_absor
     sizes = dsa_serving.GPU_SIZES
     config = serving_loop.LoopConfig(sizes=sizes, rounds=GPU_ROUNDS, indexer_every=20)
     report = serving_loop.run(config, served, progress=print)
+    print(serving_loop.engagement_table(report))
+    on, off = report.compiles_on_capture, report.compiles_off
+    print(f"Triton compiles: plugin-on captures {on}, plugin off while serving {off}")
     check(report, rounds=GPU_ROUNDS)
+    assert report.compiles_off > 0 and report.compiles_on_capture > 0, "the counter counts"
     for server in report.servers:
         assert server.captured == [*range(1, 9), *range(10, 33, 2), 40, 44, 48], server.name
     requests = sum(server.requests for server in report.servers)
@@ -70,9 +86,79 @@ def test_the_serving_loop_on_the_gpu_is_bit_identical_compiles_nothing_and_absor
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine the GPU form runs instead")
 def test_the_serving_loop_on_the_cpu_is_bit_identical_and_absorbs_failures(served):
     config = serving_loop.LoopConfig(
-        sizes=dsa_serving.cpu_sizes(), rounds=CPU_ROUNDS, indexer_every=8
+        sizes=dsa_serving.cpu_sizes(), rounds=CPU_ROUNDS, indexer_every=12
     )
-    report = serving_loop.run(config, served)
+    report = serving_loop.run(config, served, progress=print)
+    print(serving_loop.engagement_table(report))
     check(report, rounds=CPU_ROUNDS)
     for server in report.servers:
-        assert server.captured == [1, 2, 3], server.name
+        assert server.captured == [1, 2, 3, 4, 5], server.name
+
+
+def test_the_comparison_names_a_planted_difference_in_each_buffer_and_refuses_uncompared_metadata(
+    served,
+):
+    """One replay of each op at bs 2 (every request at 1 token), both arms equal; then one element
+    of each buffer the comparison reads made to differ in the plugin-on arm's read, one at a time:
+    the comparison names that buffer and no other. ``real_page_table``: page 1 (past the live page
+    0, inside SGLang's first 128-column block) is named, page 2 (past the block: SGLang writes
+    nothing there) is not. A READ tensor set to None, or a tensor READ does not list, stops the
+    comparison with an error naming it."""
+    name = "3/1/4"
+    sizes = dsa_serving.cpu_sizes(max_bs=2)
+    tokens = kit.LAUNCHES[name][2]
+    gen = torch.Generator().manual_seed(0)
+    req_to_token = torch.randint(
+        0, 1 << 30, (sizes.pool, sizes.context + 4 + tokens), generator=gen
+    )
+    req_to_token = req_to_token.to(torch.int32)
+    with dsa_serving.launch(name, sizes) as (_, captured):
+        arms = [
+            dsa_serving.Arm(
+                label,
+                env,
+                sizes=sizes,
+                tokens=tokens,
+                req_to_token=req_to_token,
+                seeded=False,
+                kernels=kernels,
+            )
+            for label, env, kernels in (
+                ("on", dsa_serving.ON, None),
+                ("off", dsa_serving.OFF, dsa_serving.sglang_metadata_kernels(sizes.device)),
+            )
+        ]
+        for arm in arms:
+            arm.capture(captured)
+        on, off = arms
+        bs, slots = 2, dsa_serving.request_tensor([1, 2], sizes.device)
+        for op in dsa_serving.OPS:
+            length = 1 + tokens if op == "draft extend" else 1
+            lengths = dsa_serving.request_tensor([length] * bs, sizes.device)
+            accepted = torch.ones(bs, dtype=torch.int32) if op == "draft extend" else None
+            for arm in arms:
+                arm.runners[op].poison(bs, POISON)
+                arm.replay(op, bs, lengths, slots, accepted)
+
+            def named():
+                found = dsa_serving.differences(on.runners[op], off.runners[op], bs)
+                return {label for label, differs in found if bool(differs)}
+
+            assert named() == set(), op
+            reads = on.runners[op].read(bs)
+            assert {buffer.rpartition(" ")[2] for buffer in reads} == set(dsa_serving.READ), op
+            for buffer, out in reads.items():
+                cells = (
+                    [(0, 1), (0, 2)] if buffer.endswith("real_page_table") else [(0,) * out.dim()]
+                )
+                for cell in cells:
+                    kept = out[cell].clone()
+                    out[cell] += 1
+                    expected = {buffer + " (written)" if cell == (0, 1) else buffer}
+                    assert named() == (set() if cell == (0, 2) else expected), (op, buffer, cell)
+                    out[cell] = kept
+        metadata = on.target.decode_cuda_graph_metadata[bs]
+        for field, value in (("dsa_cache_seqlens_int32", None), ("stray", torch.zeros(1))):
+            broken = SimpleNamespace(**{**vars(metadata), field: value})
+            with pytest.raises(dsa_serving.UncomparedMetadata, match=field):
+                dsa_serving.metadata_reads(broken)

@@ -70,10 +70,11 @@ from sglang_dsa_mtp.testing.constants import CONTEXT_1M  # noqa: E402
 LAUNCH_NAMES = ("3/1/4", "4/1/5", "5/1/6")
 MB = 1e6
 LIVE_WIDTH_MEMORY = Path(__file__).resolve().parents[5] / "benchmark" / "live_width_memory.py"
-# The dry run: 4 loop rounds per server (the injections'), max bs 3, memory at max bs 2 and 3.
+# The dry run: the loop's least rounds per server with injections, max bs 5 (four distinct fault
+# victims below the largest), memory at max bs 2 and 3, the verify logits at max bs 3.
 DRY_RUN = dict(
-    rounds_per_server=4,
-    max_bs=3,
+    rounds_per_server=20,
+    max_bs=5,
     memory_max_bs=[2, 3],
     host_calls=2,
     verify_bs=[1, 3],
@@ -154,7 +155,7 @@ def sync() -> None:
 
 
 def print_loop(report, sizes) -> None:
-    from sglang_dsa_mtp.testing import dsa_serving
+    from sglang_dsa_mtp.testing import dsa_serving, serving_loop
 
     print(
         f"## Serving loop: {report.replays:,} replays per arm, context {sizes.context:,}, "
@@ -181,6 +182,8 @@ def print_loop(report, sizes) -> None:
             )
         )
     print()
+    print(serving_loop.engagement_table(report))
+    print()
     print(markdown_header(["injected failure", "where", "raised", "log lines"]))
     for injection in report.injections:
         line = injection.lines[0] if len(injection.lines) == 1 else f"{len(injection.lines)} lines"
@@ -192,7 +195,7 @@ def print_loop(report, sizes) -> None:
     )
     print(
         f"Triton compiles while serving, plugin off (SGLang's kernels at their first replays): "
-        f"{report.compiles_off}"
+        f"{report.compiles_off}; at the plugin-on arm's captures: {report.compiles_on_capture}"
     )
     print(
         f"Indexer top-k past the SM count: {report.indexer_calls} calls per arm, "
@@ -202,7 +205,7 @@ def print_loop(report, sizes) -> None:
     print(
         "Compared after every replay, bit for bit, of each DSA backend the graph reads (every step "
         f"backend of the draft decode): {', '.join(dsa_serving.READ)} (real_page_table: each row's "
-        "live columns; seeded draft steps: not the indexer plans "
+        "pages in SGLang's 128-column blocks; seeded draft steps: not the indexer plans "
         f"{', '.join(dsa_serving.INDEXER_PLANS)}, which no seeded step reads); after capture: "
         f"{', '.join(dsa_serving.STATIC)}"
     )
@@ -536,7 +539,8 @@ def main(argv=None) -> int:
             rounds=args.rounds,
             servers=servers,
             seed=args.seed,
-            indexer_every=20 if timed else 8,
+            # at least 10 indexer calls: the injected one within 10% of them
+            indexer_every=max(1, min(20, args.rounds // 10)),
         )
         started = time.perf_counter()
         report = serving_loop.run(config, monkeypatch, progress=progress)

@@ -35,7 +35,7 @@ def test_the_dry_run_passes_the_loop_and_prints_every_table(
     assert "| 4/1/5 | 3 | plugin off |" in out and "| 4/1/5 | 3 | **saved** |" in out
     written = json.loads(record.read_text())
     assert written["loop"]["failures"] == []
-    assert written["loop"]["replays"] == 3 * 8
+    assert written["loop"]["replays"] == 3 * 40
     assert {row["op"] for row in written["host"]} == {
         "target verify",
         "draft extend",

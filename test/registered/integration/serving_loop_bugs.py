@@ -1,0 +1,122 @@
+"""The serving loop's acceptance: each deliberate one-line bug below, applied alone to a temporary
+copy of the package, must make the serving-loop test (``test_serving_loop.py``) fail. Prints, per
+bug, whether the test failed and the first lines of why; exits 1 when a bug the device can see left
+the test passing (or could not be applied: the code it patches changed).
+
+    python test/registered/integration/serving_loop_bugs.py  # the CPU twin, the bugs it can see
+    source test/gpu_sglang_env.sh && python3 test/registered/integration/serving_loop_bugs.py --gpu
+
+``--bug NAME`` (repeatable) runs only those bugs; ``--all`` runs every bug on the device (the CPU
+twin then reports the compile counter's bug as passing: Triton's interpreter compiles nothing).
+The results are recorded in docs/testing.md, "What the serving loop catches".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+TEST = "test/registered/integration/test_serving_loop.py"
+ALL_DEVICES = ("cpu", "gpu")
+# name -> (file under python/sglang_dsa_mtp, text, its replacement, the devices whose test sees it)
+BUGS = {
+    "sglang-as-ours": (
+        "integration/dsa_metadata_selection.py",
+        "Fallback(ours, sglang, what=",
+        "Fallback(sglang, sglang, what=",
+        ALL_DEVICES,
+    ),
+    "verify-raises": (
+        "kernels/ops/attention/dsa_metadata_bounded.py",
+        '    """Target-verify replay metadata, bit-identical',
+        '    raise RuntimeError("the verify kernel raises at every call")\n'
+        '    """Target-verify replay metadata, bit-identical',
+        ALL_DEVICES,
+    ),
+    "compile-counter-disconnected": (
+        "testing/compiles.py",
+        "    runtime.jit_post_compile_hook = hook\n",
+        "",
+        ("gpu",),
+    ),
+    "dsa-cache-seqlens-not-compared": (
+        "testing/dsa_serving.py",
+        '    "dsa_cache_seqlens_int32",\n',
+        "",
+        ALL_DEVICES,
+    ),
+    "real-page-table-to-pages": (
+        "kernels/ops/attention/dsa_metadata_common.py",
+        "tl.minimum(tl.cdiv(kv, BLOCK_N) * BLOCK_N, width)",
+        "tl.minimum(tl.cdiv(kv, physical_page_size) * physical_page_size, width)",
+        ALL_DEVICES,
+    ),
+    "program-stays-on-its-request": (
+        "kernels/ops/attention/dsa_metadata_common.py",
+        "        if tile >= tile_end:\n",
+        "        if tile < 0:\n",
+        ALL_DEVICES,
+    ),
+}
+
+
+def apply(name: str, into: Path) -> None:
+    """The package copied into ``into`` with bug ``name`` applied (exactly one occurrence)."""
+    path, old, new, _ = BUGS[name]
+    shutil.copytree(ROOT / "python" / "sglang_dsa_mtp", into / "sglang_dsa_mtp")
+    target = into / "sglang_dsa_mtp" / path
+    text = target.read_text()
+    if text.count(old) != 1:
+        raise LookupError(f"{path} has {text.count(old)} occurrences of {old!r}, not 1")
+    target.write_text(text.replace(old, new))
+
+
+def run_bug(name: str, gpu: bool) -> tuple[bool, str, float]:
+    """(the test failed, why in a few lines, seconds) with bug ``name`` applied."""
+    with tempfile.TemporaryDirectory(prefix=f"loop-bug-{name}-") as tmp:
+        apply(name, Path(tmp))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tmp, env.get("PYTHONPATH")]))
+        command = [sys.executable, "-m", "pytest", TEST, "-x", "-q", "-p", "no:warnings"]
+        command += ["-m", "gpu", "-k", "gpu"] if gpu else ["-k", "cpu"]
+        start = time.perf_counter()
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+    lines = (done.stdout + done.stderr).splitlines()
+    why = [line for line in lines if line.startswith("E ")][:6] or lines[-3:]
+    return done.returncode != 0, "\n".join(why), seconds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpu", action="store_true", help="run the GPU test (a CUDA machine)")
+    parser.add_argument("--bug", action="append", choices=sorted(BUGS), help="only these bugs")
+    parser.add_argument("--all", action="store_true", help="also the bugs the device cannot see")
+    args = parser.parse_args(argv)
+    device = "gpu" if args.gpu else "cpu"
+    names = args.bug or [n for n, bug in BUGS.items() if args.all or device in bug[3]]
+    missed = []
+    for name in names:
+        try:
+            failed, why, seconds = run_bug(name, args.gpu)
+        except LookupError as exc:
+            print(f"{name}: NOT APPLIED ({exc})", flush=True)
+            missed.append(name)
+            continue
+        verdict = "the test FAILED (caught)" if failed else "the test PASSED (missed)"
+        print(f"{name}: {verdict} in {seconds:.0f} s\n  " + why.replace("\n", "\n  "), flush=True)
+        if not failed and device in BUGS[name][3]:
+            missed.append(name)
+    print(f"\n{len(names) - len(missed)} of {len(names)} bugs caught on the {device}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,6 +21,7 @@ import logging
 
 import torch
 
+from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.integration.dsa_mtp_draft_metadata import why_not_one_launch
 from sglang_dsa_mtp.integration.dsa_verify_mask import create_verify_mask
 from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, peek, state_of
@@ -37,9 +38,9 @@ def _role(backend) -> str:
 def why_keep_wide_table(backend) -> str | None:
     """Why ``backend`` keeps its wide ``page_table_1`` whatever SGLang's own drop condition says, or
     None when SGLang's condition, with its spec-decoding clause lifted, may decide."""
-    blocker = LIVE_WIDTH.blocker()
-    if blocker is not None:
-        return blocker
+    reason = why_off(LIVE_WIDTH)
+    if reason is not None:
+        return reason
     if not backend.speculative_num_draft_tokens:
         return "no speculative decoding: SGLang's own condition decides"
     if backend.speculative_num_steps:  # an MTP draft step backend
@@ -124,7 +125,7 @@ def init_graph_state(original, backend, max_bs, max_num_tokens, *args, **kwargs)
 
 def _shared_real_page_table(backend, max_num_tokens: int):
     """One zeroed compact table for every captured batch size of ``backend``, or None."""
-    if LIVE_WIDTH.blocker() is not None or backend.physical_page_size <= 1:
+    if why_off(LIVE_WIDTH) is not None or backend.physical_page_size <= 1:
         return None
     page = backend.physical_page_size
     width = backend.req_to_token.shape[1]

@@ -500,6 +500,16 @@ def test_the_kill_switch_keeps_sglang_concat(hooked, torch_paged_mqa, live_calls
     assert live_calls == []
 
 
+def test_a_live_width_hook_sglang_left_unapplied_keeps_sglang_concat(
+    hooked, unapplied, torch_paged_mqa, live_calls, caplog
+):
+    why = unapplied("Indexer.__init__")  # the start-up compile: else the copy compiles serving
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        chunked_batch().topk(build_indexer(hooked))
+    assert live_calls == []
+    assert why in caplog.text
+
+
 def test_a_kernel_not_compiled_at_start_up_keeps_sglang_concat(
     hooked, torch_paged_mqa, live_calls, caplog
 ):
@@ -654,6 +664,16 @@ def test_a_failed_start_up_compile_is_logged_and_the_indexer_still_builds(
         indexer = build_indexer(hooked)
     assert isinstance(indexer, dsa_indexer.Indexer)
     assert "no compiler" in caplog.text
+
+
+def test_with_a_live_width_hook_sglang_left_unapplied_an_indexer_compiles_nothing(
+    hooked, unapplied, torch_paged_mqa
+):
+    unapplied("deepgemm_paged_mqa_logits_split")
+    hooked.setattr(hook, "weights_device", lambda module: torch.device("cuda", 0))
+    hooked.setattr(live, "is_warm", lambda device: False)
+    hooked.setattr(live, "warm_up", lambda device: pytest.fail("warm_up ran for no live copy"))
+    build_indexer(hooked)
 
 
 def test_an_indexer_built_on_the_cpu_compiles_nothing(hooked, torch_paged_mqa):

@@ -16,7 +16,6 @@ import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
 from sglang.kernels.ops.attention.dsa import metadata as sglang_metadata
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
-from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
@@ -80,17 +79,13 @@ def test_sglang_kernels_stay_behind_ours_as_the_fallback(hooked):
     assert kernels(build_backend(), behind="sglang") == SGLANG_UNBOUNDED
 
 
-def test_a_hook_sglang_left_unapplied_keeps_sglangs_kernels(hooked):
+def test_a_hook_sglang_left_unapplied_keeps_sglangs_kernels(hooked, unapplied):
     """The capture hook warms ours up; had SGLang's ``HookRegistry`` left it unapplied (it logs and
     skips a target that fails to apply), ours would first compile while serving."""
-    target = (
-        "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend."
-        "_build_forward_metadata_cuda_graph"
-    )
-    hooked.setattr(HookRegistry, "_patched", HookRegistry._patched - {target})
+    why = unapplied("DeepseekSparseAttnBackend._build_forward_metadata_cuda_graph")
     backend = build_backend()
     assert kernels(backend) == SGLANG_UNBOUNDED
-    assert decision(backend) == f"SGLang did not apply the plugin's hooks on {target}"
+    assert decision(backend) == why
 
 
 @pytest.mark.parametrize("page_size", [1, 64])

@@ -25,7 +25,7 @@ from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.integration.dsa_mtp_draft_metadata import why_not_one_launch
 from sglang_dsa_mtp.integration.dsa_verify_mask import create_verify_mask
 from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, peek, state_of
-from sglang_dsa_mtp.log import log_failure, log_once
+from sglang_dsa_mtp.log import gate_failure, log_failure, log_once
 from sglang_dsa_mtp.switches import LIVE_WIDTH
 
 
@@ -92,7 +92,7 @@ def init_graph_state(original, backend, max_bs, max_num_tokens, *args, **kwargs)
     try:
         reason = why_keep_wide_table(backend)
     except Exception as exc:  # never take the server down: SGLang decides alone
-        reason = f"the gate raised {type(exc).__name__}: {exc}"
+        reason = gate_failure(exc, "a DSA backend keeps SGLang's spec-mode graph page tables")
     if reason is None:
         _sglang_drop_decides(original, backend, args, kwargs)
     else:
@@ -179,7 +179,7 @@ def steps_graph_state(original, multi, *args, **kwargs):
     try:
         reason = why_steps_keep_wide_table(multi)
     except Exception as exc:  # never take the server down: the steps keep their tables
-        reason = f"the gate raised {type(exc).__name__}: {exc}"
+        reason = gate_failure(exc, "the MTP draft step backends keep their wide page_table_1")
     for backend in multi.attn_backends:
         state_of(backend, BackendState).step_reader = reason
     original(multi, *args, **kwargs)

@@ -23,7 +23,7 @@ import torch
 
 from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
-from sglang_dsa_mtp.log import log_failure, log_once
+from sglang_dsa_mtp.log import gate_failure, log_failure, log_once
 from sglang_dsa_mtp.switches import LIVE_WIDTH
 
 # SGLang 0.5.23's closure, as ``deepgemm_paged_mqa_logits_split`` receives it.
@@ -109,7 +109,7 @@ def _live_logits(
             return None  # one logits call, no concat to remove
         reason = _why_not_live(closure, q_fp8, ctx_lens_2d, max_seq_len, q_offset)
     except Exception as exc:  # never take the server down: SGLang's path stays
-        reason = f"the gate raised {type(exc).__name__}: {exc}"
+        reason = gate_failure(exc, "chunked indexer logits keep SGLang's full-width concat")
     if reason is not None:
         log_once(
             logging.INFO,

@@ -24,6 +24,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.runtime_context import get_spec
 
 from sglang_dsa_mtp import hooks
+from sglang_dsa_mtp.integration import dsa_graph_page_tables as page_tables
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
 from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, peek
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH
@@ -369,6 +370,34 @@ def test_a_live_width_hook_sglang_left_unapplied_keeps_sglangs_graph_state(
         assert not backend.dsa_drop_wide_page_table, name
         assert peek(backend, BackendState).shared_real_page_table is None, name
     assert f"keeps its wide page_table_1: {why}" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "gate,keeps,steps_only",
+    [
+        ("why_keep_wide_table", "a DSA backend keeps SGLang's spec-mode graph page tables", False),
+        (
+            "why_steps_keep_wide_table",
+            "the MTP draft step backends keep their wide page_table_1",
+            True,
+        ),
+    ],
+    ids=["backend-gate", "steps-gate"],
+)
+def test_a_gate_that_raises_keeps_the_wide_tables_with_one_error(
+    server, caplog, gate, keeps, steps_only
+):
+    def raising(backend):
+        raise RuntimeError("injected failure")
+
+    server.setattr(page_tables, gate, raising)
+    with kit.serving(), caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        state = graph_state()
+    for name, backend in backends(state):
+        assert backend.dsa_drop_wide_page_table == (steps_only and "step" not in name), name
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"sglang_dsa_mtp: {keeps}: the gate raised: RuntimeError: injected failure"
+    ]
 
 
 def test_without_speculative_decoding_sglang_decides_alone(server):

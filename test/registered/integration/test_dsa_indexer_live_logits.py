@@ -510,6 +510,24 @@ def test_a_live_width_hook_sglang_left_unapplied_keeps_sglang_concat(
     assert why in caplog.text
 
 
+def test_a_gate_that_raises_keeps_sglang_concat_with_one_error(
+    hooked, torch_paged_mqa, live_calls, caplog
+):
+    def raising(*args):
+        raise RuntimeError("injected failure")
+
+    hooked.setattr(hook, "_why_not_live", raising)
+    batch, indexer = chunked_batch(), build_indexer(hooked)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        batch.topk(indexer)
+        batch.topk(indexer)
+    assert live_calls == []
+    assert errors_in(caplog) == [
+        "sglang_dsa_mtp: chunked indexer logits keep SGLang's full-width concat: the gate "
+        "raised: RuntimeError: injected failure"
+    ]
+
+
 def test_a_kernel_not_compiled_at_start_up_keeps_sglang_concat(
     hooked, torch_paged_mqa, live_calls, caplog
 ):

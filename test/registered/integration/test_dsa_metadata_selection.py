@@ -6,6 +6,8 @@ are selected, each attribute holds ours with SGLang's kernel behind it as the fa
 (``test_dsa_metadata_fallback.py`` tests the fallback on backends SGLang builds and replays).
 """
 
+import logging
+
 import pytest
 
 from sglang_dsa_mtp.testing.sglang_import import require_sglang
@@ -73,6 +75,21 @@ def test_cuda_kpool1_without_fusion_selects_bounded_kernels(hooked):
     backend = build_backend()
     assert kernels(backend) == OURS
     assert decision(backend) is None
+
+
+def test_a_gate_that_raises_keeps_sglangs_kernels_with_one_error(hooked, caplog):
+    def raising(backend):
+        raise RuntimeError("injected failure")
+
+    hooked.setattr(selection, "why_not_bounded", raising)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        built = [build_backend(), build_backend()]
+    assert [kernels(backend) for backend in built] == [SGLANG_UNBOUNDED] * 2
+    assert decision(built[0]) == "the gate raised RuntimeError: injected failure"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        "sglang_dsa_mtp: a DSA backend keeps SGLang's replay-metadata kernels: the gate raised: "
+        "RuntimeError: injected failure"
+    ]
 
 
 def test_sglang_kernels_stay_behind_ours_as_the_fallback(hooked):

@@ -23,3 +23,15 @@ def log_failure(key: tuple, exc: BaseException, msg: str, *args) -> bool:
 
     Every hook site that catches an exception to keep SGLang's path logs it through here."""
     return log_once(logging.ERROR, key, msg + ": %s: %s", *args, type(exc).__name__, exc)
+
+
+def gate_failure(exc: BaseException, keeps: str) -> str:
+    """A hook site's gate raised: ``keeps`` (what stays SGLang's, in words) is logged with the
+    exception, once at ERROR (:func:`log_failure`); returns the reason the site records."""
+    log_failure(
+        ("gate-failed", keeps, type(exc).__name__, str(exc)),
+        exc,
+        "sglang_dsa_mtp: %s: the gate raised",
+        keeps,
+    )
+    return f"the gate raised {type(exc).__name__}: {exc}"

@@ -21,10 +21,11 @@ import logging
 
 import torch
 
+from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.integration.dsa_mtp_draft_metadata import why_not_one_launch
 from sglang_dsa_mtp.integration.dsa_verify_mask import create_verify_mask
 from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, peek, state_of
-from sglang_dsa_mtp.log import log_failure, log_once
+from sglang_dsa_mtp.log import gate_failure, log_failure, log_once
 from sglang_dsa_mtp.switches import LIVE_WIDTH
 
 
@@ -37,9 +38,9 @@ def _role(backend) -> str:
 def why_keep_wide_table(backend) -> str | None:
     """Why ``backend`` keeps its wide ``page_table_1`` whatever SGLang's own drop condition says, or
     None when SGLang's condition, with its spec-decoding clause lifted, may decide."""
-    blocker = LIVE_WIDTH.blocker()
-    if blocker is not None:
-        return blocker
+    reason = why_off(LIVE_WIDTH)
+    if reason is not None:
+        return reason
     if not backend.speculative_num_draft_tokens:
         return "no speculative decoding: SGLang's own condition decides"
     if backend.speculative_num_steps:  # an MTP draft step backend
@@ -91,7 +92,7 @@ def init_graph_state(original, backend, max_bs, max_num_tokens, *args, **kwargs)
     try:
         reason = why_keep_wide_table(backend)
     except Exception as exc:  # never take the server down: SGLang decides alone
-        reason = f"the gate raised {type(exc).__name__}: {exc}"
+        reason = gate_failure(exc, "a DSA backend keeps SGLang's spec-mode graph page tables")
     if reason is None:
         _sglang_drop_decides(original, backend, args, kwargs)
     else:
@@ -124,7 +125,7 @@ def init_graph_state(original, backend, max_bs, max_num_tokens, *args, **kwargs)
 
 def _shared_real_page_table(backend, max_num_tokens: int):
     """One zeroed compact table for every captured batch size of ``backend``, or None."""
-    if LIVE_WIDTH.blocker() is not None or backend.physical_page_size <= 1:
+    if why_off(LIVE_WIDTH) is not None or backend.physical_page_size <= 1:
         return None
     page = backend.physical_page_size
     width = backend.req_to_token.shape[1]
@@ -178,7 +179,7 @@ def steps_graph_state(original, multi, *args, **kwargs):
     try:
         reason = why_steps_keep_wide_table(multi)
     except Exception as exc:  # never take the server down: the steps keep their tables
-        reason = f"the gate raised {type(exc).__name__}: {exc}"
+        reason = gate_failure(exc, "the MTP draft step backends keep their wide page_table_1")
     for backend in multi.attn_backends:
         state_of(backend, BackendState).step_reader = reason
     original(multi, *args, **kwargs)

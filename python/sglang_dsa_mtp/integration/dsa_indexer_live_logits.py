@@ -21,8 +21,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
-from sglang_dsa_mtp.log import log_failure, log_once
+from sglang_dsa_mtp.log import gate_failure, log_failure, log_once
 from sglang_dsa_mtp.switches import LIVE_WIDTH
 
 # SGLang 0.5.23's closure, as ``deepgemm_paged_mqa_logits_split`` receives it.
@@ -62,9 +63,9 @@ def sglang_closure(fn) -> Optional[_Closure]:
 
 def _why_not_live(closure, q_fp8, ctx_lens_2d, max_seq_len, q_offset) -> Optional[str]:
     """Why a call that SGLang chunks keeps SGLang's concat, or None when the live copy applies."""
-    blocker = LIVE_WIDTH.blocker()
-    if blocker is not None:
-        return blocker
+    reason = why_off(LIVE_WIDTH)
+    if reason is not None:
+        return reason
     if closure is None:
         return "the logits function is not SGLang 0.5.23's _chunked_fp8_paged_mqa_logits closure"
     if q_fp8.dim() != 3:
@@ -108,7 +109,7 @@ def _live_logits(
             return None  # one logits call, no concat to remove
         reason = _why_not_live(closure, q_fp8, ctx_lens_2d, max_seq_len, q_offset)
     except Exception as exc:  # never take the server down: SGLang's path stays
-        reason = f"the gate raised {type(exc).__name__}: {exc}"
+        reason = gate_failure(exc, "chunked indexer logits keep SGLang's full-width concat")
     if reason is not None:
         log_once(
             logging.INFO,
@@ -177,7 +178,7 @@ def warm_up_live_logits(result, indexer, *args, **kwargs):
     per device (Triton's interpreter, on the CPU, compiles nothing)."""
     try:
         device = weights_device(indexer)
-        if LIVE_WIDTH.blocker() is None and device.type == "cuda" and not live.is_warm(device):
+        if why_off(LIVE_WIDTH) is None and device.type == "cuda" and not live.is_warm(device):
             live.warm_up(device)
     except Exception as exc:  # chunked calls then keep SGLang's concat (is_warm stays False)
         log_failure(

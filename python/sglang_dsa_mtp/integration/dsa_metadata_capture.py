@@ -10,7 +10,10 @@ SGLang's variant. This AFTER hook, for a backend that uses the bounded kernels
 SGLang's replay will make for this batch size and mode, made on twin buffers (``launch.warm_up``),
 never on the captured ones. A warm-up inside a stream capture is skipped (logged; the first replay
 then compiles); one of ours that raises sends that batch size to SGLang's kernel (``fallback``:
-logged once at ERROR), as the replay would have; one of SGLang's that raises is logged once.
+logged once at ERROR), as the replay would have; one of SGLang's that raises is logged once. Any
+other error once the backend's kernel is known (building the replay's arguments, say) also sends
+that batch size to SGLang's kernel, logged the same way: ours would otherwise first compile on a
+live request, where SGLang's kernel runs as stock SGLang runs it.
 
 The first time a backend builds graph metadata, one INFO line says whether it uses the bounded kernels
 and what decided it.
@@ -26,6 +29,7 @@ from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 from sglang.srt.runtime_context import get_platform
 
 from sglang_dsa_mtp.integration.dsa_metadata_selection import selected_kernel
+from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.integration.state import BackendState, state_of
 from sglang_dsa_mtp.log import log_failure, log_once, logger
 
@@ -42,12 +46,13 @@ def warm_up_captured_bs(result, *args, **kwargs):
             call.arguments["bs"],
             call.arguments["forward_mode"],
         )
+        op, kernel = replay_kernel(backend, mode)
         _report_once(backend, mode)
-        op, kernel, kwargs = replay_call(
-            backend, bs, mode, call.arguments["seq_lens"], call.arguments["req_pool_indices"]
-        )
         if kernel is None:
             return result
+        kwargs = replay_kwargs(
+            backend, bs, mode, call.arguments["seq_lens"], call.arguments["req_pool_indices"]
+        )
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             log_once(
                 logging.WARNING,
@@ -106,11 +111,31 @@ def _report_once(backend, mode) -> None:
         )
 
 
-def replay_call(backend, bs: int, mode, seq_lens, req_pool_indices):
-    """(op, the backend's kernel attribute, its keyword arguments) for the call SGLang 0.5.23's
-    ``_apply_cuda_graph_metadata`` makes at a replay of ``bs`` in ``mode``, or (op, None, None)
-    when the backend does not run our kernel for it (the attribute then is SGLang's kernel).
-    ``seq_lens`` / ``req_pool_indices``: the graph runner's input buffers (the capture batch's)."""
+# The backend attribute SGLang 0.5.23's replay calls in each mode, and the operation's name.
+_DECODE = ("decode", "_fused_decode_metadata")
+_VERIFY = ("target verify", "_fused_verify_metadata")
+_DRAFT_EXTEND = ("draft extend", "_fused_draft_extend_metadata")
+
+
+def replay_kernel(backend, mode) -> tuple[str, Fallback | None]:
+    """(op, the backend's kernel attribute) that SGLang 0.5.23's ``_apply_cuda_graph_metadata``
+    calls at a replay in ``mode``, or (op, None) when the backend does not run our kernel for it
+    (the attribute then is SGLang's kernel)."""
+    if mode.is_decode_or_idle():
+        op, attr = _DECODE
+    elif mode.is_target_verify():
+        op, attr = _VERIFY
+    elif mode.is_draft_extend_v2():
+        op, attr = _DRAFT_EXTEND
+    else:
+        return str(mode), None
+    return op, selected_kernel(backend, attr)
+
+
+def replay_kwargs(backend, bs: int, mode, seq_lens, req_pool_indices) -> dict:
+    """The keyword arguments of the call ``_apply_cuda_graph_metadata`` makes at a replay of ``bs``
+    in ``mode`` (one :func:`replay_kernel` runs ours for). ``seq_lens`` / ``req_pool_indices``: the
+    graph runner's input buffers (the capture batch's)."""
     metadata = backend.decode_cuda_graph_metadata[bs]
     width = backend._graph_page_table_width(metadata)
     common = dict(
@@ -129,8 +154,8 @@ def replay_call(backend, bs: int, mode, seq_lens, req_pool_indices):
     )
     next_n = backend.speculative_num_draft_tokens
     if mode.is_decode_or_idle():
-        op, attr, kwargs = "decode", "_fused_decode_metadata", dict(common, max_len=width)
-    elif mode.is_target_verify():
+        return dict(common, max_len=width)
+    if mode.is_target_verify():
         ctx_lens = metadata.paged_mqa_ctx_lens_2d
         sm100_2d = (
             next_n >= 2
@@ -139,27 +164,20 @@ def replay_call(backend, bs: int, mode, seq_lens, req_pool_indices):
             and ctx_lens.dim() == 2
             and tuple(ctx_lens.shape) == (bs, next_n)
         )
-        op, attr = "target verify", "_fused_verify_metadata"
-        kwargs = dict(
+        return dict(
             common,
             seqlens_expanded=metadata.dsa_seqlens_expanded,
             max_seqlen_k=width,
             next_n=next_n,
             paged_mqa_ctx_lens_2d=ctx_lens if sm100_2d else None,
         )
-    elif mode.is_draft_extend_v2():
-        op, attr = "draft extend", "_fused_draft_extend_metadata"
-        kwargs = dict(
-            common,
-            extend_seq_lens=torch.full((bs,), next_n, dtype=torch.int32, device=backend.device),
-            seqlens_expanded=metadata.dsa_seqlens_expanded,
-            total_len=next_n * bs,
-            max_seqlen_k=width,
-            max_extend_len=next_n,
-            max_total_len=bs * next_n,
-            static_extend_len=True,
-        )
-    else:
-        return str(mode), None, None
-    kernel = selected_kernel(backend, attr)
-    return op, kernel, kwargs if kernel is not None else None
+    return dict(
+        common,
+        extend_seq_lens=torch.full((bs,), next_n, dtype=torch.int32, device=backend.device),
+        seqlens_expanded=metadata.dsa_seqlens_expanded,
+        total_len=next_n * bs,
+        max_seqlen_k=width,
+        max_extend_len=next_n,
+        max_total_len=bs * next_n,
+        static_extend_len=True,
+    )

@@ -20,6 +20,7 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import (
     fused_dsa_draft_extend_metadata_bounded,
     fused_dsa_target_verify_metadata_bounded,
 )
+from sglang_dsa_mtp.log import gate_failure
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
 
 # (backend attribute SGLang calls, our kernel, the operation's name in the log)
@@ -50,7 +51,7 @@ def select_bounded_metadata_kernels(result, backend, *args, **kwargs):
     try:
         reason = why_not_bounded(backend)
     except Exception as exc:  # never take the server down: SGLang's kernels stay
-        reason = f"the gate raised {type(exc).__name__}: {exc}"
+        reason = gate_failure(exc, "a DSA backend keeps SGLang's replay-metadata kernels")
     if reason is None:
         for attr, ours, op in KERNELS:
             sglang = getattr(backend, attr)

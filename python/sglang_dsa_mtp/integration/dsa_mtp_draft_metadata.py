@@ -8,7 +8,8 @@ step backend, each captured bs replays, as decided at its capture:
 2. **each step backend's own replay**, where the live-width hooks dropped their wide tables;
 3. **SGLang's precompute + copies** otherwise.
 
-A one launch that raises sends its bs to 2 or 3 for good (one ERROR line). Neither compiles then:
+A one launch that raises, or deciding a bs's path at its capture, sends that bs to 2 or 3 for good
+(one ERROR line). Neither compiles then:
 each step backend's kernels (ours and SGLang's behind it, which 2 and 3 call) are warmed up at their
 own capture (``dsa_metadata_capture``), and SGLang's JIT metadata copies, which only 3 runs, are
 loaded when a bs is captured for the one launch with the step tables kept. Hooks: AROUND
@@ -117,7 +118,7 @@ def draft_decode_metadata(original, self, forward_batch, in_capture=False):
 
 def _give_up(multi, state: MultiStepState, plan: DraftDecodeBs, bs: int, exc, what: str) -> None:
     """``bs`` takes the other path for good (:func:`_other_path`); one ERROR line says which.
-    ``what`` names the step that raised: "the one launch", "its warm-up"."""
+    ``what`` names the step that raised: "deciding its path", "its warm-up", "the one launch"."""
     plan.reason = f"{what} raised {type(exc).__name__}: {exc}"
     log_failure(
         ("one-launch-failed", id(multi), bs),
@@ -149,7 +150,8 @@ def _capture(multi, forward_batch) -> None:
             ]
             plan.launch = one_launch_kwargs(multi, plan.metadata, bs)
     except Exception as exc:  # never take the capture down: another path writes this bs
-        plan = DraftDecodeBs(f"deciding it raised {type(exc).__name__}: {exc}")
+        plan = DraftDecodeBs(None)
+        _give_up(multi, state, plan, bs, exc, "deciding its path")
     state.batch_sizes[bs] = plan
     _report(multi, state, bs)
     if plan.reason is None:

@@ -21,6 +21,7 @@ from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 from sglang.srt.layers.attention.verify_mask import maybe_create_verify_mask
 from sglang.srt.runtime_context import get_exec, get_spec
 
+from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.integration.state import BackendState, peek, state_of
 from sglang_dsa_mtp.log import log_failure, log_once
 from sglang_dsa_mtp.switches import LIVE_WIDTH
@@ -48,9 +49,9 @@ verify_mask = property(_verify_mask, doc="The QLEN_ONLY, not-read verify mask, o
 
 def why_not_verify_mask(backend) -> str | None:
     """Why this backend keeps SGLang's verify path (no mask of its own), or None."""
-    blocker = LIVE_WIDTH.blocker()
-    if blocker is not None:
-        return blocker
+    reason = why_off(LIVE_WIDTH)
+    if reason is not None:
+        return reason
     runner = peek(backend, BackendState).runner
     if runner is None:
         return "the backend was built before the plugin's hooks applied"

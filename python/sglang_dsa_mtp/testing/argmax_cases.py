@@ -18,6 +18,7 @@ Real TP groups (SGLang's on CPUs or GPUs, a raw NCCL one) are in :mod:`sglang_ds
 
 from __future__ import annotations
 
+import struct
 from typing import Optional
 
 import torch
@@ -56,6 +57,15 @@ PATTERNS = (
     "coarse-ties",
     "low-bit-near-ties",
 )
+# Rows that only compiled kernels can vouch for. Triton's interpreter converts bf16 subnormals to
+# fp32 wrongly (it renormalizes them, then clamps the exponent at 0), so in bf16 the CPU gives other
+# tokens than the GPU would: these run in the GPU tests (fp32 logits convert right everywhere).
+COMPILED_ONLY_PATTERNS = ("subnormal-above-zeros", "subnormal-order")
+ALL_PATTERNS = PATTERNS + COMPILED_ONLY_PATTERNS
+INTERPRETER_SUBNORMALS = (
+    "Triton's interpreter converts bf16 subnormals to fp32 wrongly: only a compiled kernel can "
+    "vouch for them (GPU)"
+)
 
 
 # fp32 neighbours of -1e30 (the value NaN counts as under draft_topk1_postprocess).
@@ -81,6 +91,11 @@ def _nan_with_sign() -> torch.Tensor:
     return torch.tensor([-4194303], dtype=torch.int32).view(torch.float32)  # 0xFFC00001
 
 
+def _bf16(bits: int) -> float:
+    """The bf16 value of the 16-bit pattern ``bits`` (exact in fp32)."""
+    return struct.unpack("<f", struct.pack("<I", bits << 16))[0]
+
+
 def make_overlay(
     rows: int,
     tp_size: int,
@@ -89,9 +104,11 @@ def make_overlay(
     *,
     split_n: Optional[int] = None,
     first_pattern: int = 0,
+    patterns: tuple[str, ...] = PATTERNS,
 ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """``(values, defined, names)``: fp32 ``[rows, tp_size * shard_width]`` pattern values, where
-    ``defined`` is set (padding columns always are), and each row's pattern name."""
+    ``defined`` is set (padding columns always are), and each row's pattern name (row ``i`` gets
+    ``patterns[(first_pattern + i) % len(patterns)]``; :data:`ALL_PATTERNS` on compiled kernels)."""
     split_n = dap.SPLIT_N if split_n is None else split_n
     width = tp_size * shard_width
     values = torch.zeros(rows, width)
@@ -114,7 +131,7 @@ def make_overlay(
     last_rank_first = col((last // shard_width) * shard_width)
     names = []
     for i in range(rows):
-        name = PATTERNS[(first_pattern + i) % len(PATTERNS)]
+        name = patterns[(first_pattern + i) % len(patterns)]
         names.append(name)
         v, d = values[i], defined[i]
 
@@ -166,6 +183,12 @@ def make_overlay(
             fill(-inf)
         elif name == "low-bit-near-ties":  # fp32 maxima apart in the low 16 bits only
             put(a, _peak_plus(1)), put(b, _peak_plus(0x0FFF)), put(next_rank, _peak_plus(0x1000))
+        elif name == "subnormal-above-zeros":  # the smallest bf16 subnormal beats +0.0 before it
+            fill(-inf), put(a, 0.0), put(b, _bf16(0x807F)), put(next_rank, _bf16(0x0001))
+            put(last, -0.0)
+        elif name == "subnormal-order":  # bf16 subnormals one ulp apart
+            fill(-inf), put(a, _bf16(0x0040)), put(other_split, _bf16(0x0001))
+            put(next_rank, _bf16(0x0041)), put(last, _bf16(0x003F))
         elif name == "coarse-ties":
             v[:vocab_size] = (torch.arange(vocab_size) * 7919 % 5).float() - 2.0
             d[:vocab_size] = True
@@ -182,11 +205,18 @@ def make_logits(
     generator: torch.Generator,
     split_n: Optional[int] = None,
     first_pattern: int = 0,
+    patterns: tuple[str, ...] = PATTERNS,
 ) -> tuple[torch.Tensor, list[str]]:
     """Global CPU logits ``[rows, tp_size * shard_width]`` in ``dtype``: :func:`make_overlay`'s
     patterns over random normal values (times 4, so bf16 rounding leaves natural ties)."""
     values, defined, names = make_overlay(
-        rows, tp_size, shard_width, vocab_size, split_n=split_n, first_pattern=first_pattern
+        rows,
+        tp_size,
+        shard_width,
+        vocab_size,
+        split_n=split_n,
+        first_pattern=first_pattern,
+        patterns=patterns,
     )
     background = torch.randn(rows, tp_size * shard_width, generator=generator) * 4
     return torch.where(defined, values, background).to(dtype), names

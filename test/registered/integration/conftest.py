@@ -19,3 +19,20 @@ def dsa_server(hooked):
     yield build
     for server in reversed(servers):
         server.close()
+
+
+@pytest.fixture
+def unapplied(hooked):
+    """``unapplied("Class.method")``: SGLang's ``HookRegistry`` counts the hook row whose target
+    ends so as not applied (as when it logs and skips a target that fails to apply); returns the
+    reason ``hooks.why_off`` then gives for that row's features."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_dsa_mtp import hooks
+
+    def leave_out(tail: str) -> str:
+        [target] = {row.target for row in hooks.HOOKS if row.target.endswith(f".{tail}")}
+        hooked.setattr(HookRegistry, "_patched", HookRegistry._patched - {target})
+        return f"SGLang did not apply the plugin's hooks on {target}"
+
+    return leave_out

@@ -21,10 +21,10 @@ require_sglang()
 import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
 from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.srt.runtime_context import get_spec
 
 from sglang_dsa_mtp import hooks
+from sglang_dsa_mtp.integration import dsa_graph_page_tables as page_tables
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
 from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, peek
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH
@@ -226,20 +226,14 @@ def test_step_backends_keep_the_table_for_sglangs_draft_decode_precompute(
     assert not peek(multi, MultiStepState).steps_dropped
 
 
-def test_step_backends_keep_the_table_when_sglang_did_not_apply_the_one_launch_hook(server):
-    owner = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
-    server.setattr(
-        HookRegistry,
-        "_patched",
-        HookRegistry._patched - {f"{owner}.init_forward_metadata_out_graph"},
-    )
+def test_step_backends_keep_the_table_when_sglang_did_not_apply_the_one_launch_hook(
+    server, unapplied
+):
+    why = unapplied("DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph")
     with kit.serving():
         _, _, multi = graph_state()
     assert not any(step.dsa_drop_wide_page_table for step in multi.attn_backends)
-    assert (
-        f"SGLang did not apply the plugin's hooks on {owner}.init_forward_metadata_out_graph"
-        in peek(multi.attn_backends[0], BackendState).step_reader
-    )
+    assert why in peek(multi.attn_backends[0], BackendState).step_reader
 
 
 def test_a_step_batch_size_the_one_launch_declines_replays_each_step_backend(server, caplog):
@@ -363,6 +357,47 @@ def test_not_cuda_keeps_sglangs_graph_state(server, set_platform):
     for name, backend in backends(state):
         assert not backend.dsa_drop_wide_page_table, name
         assert peek(backend, BackendState).shared_real_page_table is None, name
+
+
+def test_a_live_width_hook_sglang_left_unapplied_keeps_sglangs_graph_state(
+    server, unapplied, caplog
+):
+    """Without the capture hook, for one, a shared real_page_table would be allocated and unused."""
+    why = unapplied("DeepseekSparseAttnBackend._init_kpool_metadata_capture")
+    with kit.serving(), caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        state = graph_state()
+    for name, backend in backends(state):
+        assert not backend.dsa_drop_wide_page_table, name
+        assert peek(backend, BackendState).shared_real_page_table is None, name
+    assert f"keeps its wide page_table_1: {why}" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "gate,keeps,steps_only",
+    [
+        ("why_keep_wide_table", "a DSA backend keeps SGLang's spec-mode graph page tables", False),
+        (
+            "why_steps_keep_wide_table",
+            "the MTP draft step backends keep their wide page_table_1",
+            True,
+        ),
+    ],
+    ids=["backend-gate", "steps-gate"],
+)
+def test_a_gate_that_raises_keeps_the_wide_tables_with_one_error(
+    server, caplog, gate, keeps, steps_only
+):
+    def raising(backend):
+        raise RuntimeError("injected failure")
+
+    server.setattr(page_tables, gate, raising)
+    with kit.serving(), caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        state = graph_state()
+    for name, backend in backends(state):
+        assert backend.dsa_drop_wide_page_table == (steps_only and "step" not in name), name
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"sglang_dsa_mtp: {keeps}: the gate raised: RuntimeError: injected failure"
+    ]
 
 
 def test_without_speculative_decoding_sglang_decides_alone(server):

@@ -500,6 +500,34 @@ def test_the_kill_switch_keeps_sglang_concat(hooked, torch_paged_mqa, live_calls
     assert live_calls == []
 
 
+def test_a_live_width_hook_sglang_left_unapplied_keeps_sglang_concat(
+    hooked, unapplied, torch_paged_mqa, live_calls, caplog
+):
+    why = unapplied("Indexer.__init__")  # the start-up compile: else the copy compiles serving
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        chunked_batch().topk(build_indexer(hooked))
+    assert live_calls == []
+    assert why in caplog.text
+
+
+def test_a_gate_that_raises_keeps_sglang_concat_with_one_error(
+    hooked, torch_paged_mqa, live_calls, caplog
+):
+    def raising(*args):
+        raise RuntimeError("injected failure")
+
+    hooked.setattr(hook, "_why_not_live", raising)
+    batch, indexer = chunked_batch(), build_indexer(hooked)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        batch.topk(indexer)
+        batch.topk(indexer)
+    assert live_calls == []
+    assert errors_in(caplog) == [
+        "sglang_dsa_mtp: chunked indexer logits keep SGLang's full-width concat: the gate "
+        "raised: RuntimeError: injected failure"
+    ]
+
+
 def test_a_kernel_not_compiled_at_start_up_keeps_sglang_concat(
     hooked, torch_paged_mqa, live_calls, caplog
 ):
@@ -654,6 +682,16 @@ def test_a_failed_start_up_compile_is_logged_and_the_indexer_still_builds(
         indexer = build_indexer(hooked)
     assert isinstance(indexer, dsa_indexer.Indexer)
     assert "no compiler" in caplog.text
+
+
+def test_with_a_live_width_hook_sglang_left_unapplied_an_indexer_compiles_nothing(
+    hooked, unapplied, torch_paged_mqa
+):
+    unapplied("deepgemm_paged_mqa_logits_split")
+    hooked.setattr(hook, "weights_device", lambda module: torch.device("cuda", 0))
+    hooked.setattr(live, "is_warm", lambda device: False)
+    hooked.setattr(live, "warm_up", lambda device: pytest.fail("warm_up ran for no live copy"))
+    build_indexer(hooked)
 
 
 def test_an_indexer_built_on_the_cpu_compiles_nothing(hooked, torch_paged_mqa):

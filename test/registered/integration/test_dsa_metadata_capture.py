@@ -23,6 +23,7 @@ import sglang.srt.layers.attention.dsa.dsa_backend_mtp_precompute as precompute
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_dsa_mtp import hooks
+from sglang_dsa_mtp.integration import dsa_metadata_capture as capture
 from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
 from sglang_dsa_mtp.integration import fallback
@@ -184,6 +185,42 @@ def test_a_raising_warm_up_never_takes_the_capture_down(dsa_server, spies, caplo
             f"{max(CAPTURED)} failed (a replay that falls back to it compiles it first): "
             "RuntimeError: injected failure"
         ]
+
+
+def test_an_error_building_the_replay_call_sends_that_bs_to_sglangs_kernel(
+    dsa_server, spies, hooked, caplog
+):
+    """Without its replay's arguments a bs cannot be warmed up: its replays take SGLang's kernel (as
+    stock SGLang's do), never ours, which would first compile on a live request. The other batch
+    sizes are warmed up and keep ours."""
+    warm_ups, kernels, _ = spies
+    real, seen = capture.get_platform, []
+
+    def platform_raising_once():  # read only to build the target-verify replay's arguments
+        seen.append(True)
+        if len(seen) == 1:
+            raise RuntimeError("injected failure")
+        return real()
+
+    hooked.setattr(capture, "get_platform", platform_raising_once)
+    server = dsa_server()
+    backend = server.target(max(CAPTURED))
+    guarded, first = backend._fused_verify_metadata, max(CAPTURED)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        server.capture(backend, ForwardMode.TARGET_VERIFY, CAPTURED)
+    rest = sorted(set(CAPTURED) - {first})
+    assert guarded.failed == {first}
+    ours = kernels["target verify"]
+    assert sorted(kwargs["bs"] for kernel, kwargs in warm_ups if kernel is ours) == rest
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == [
+        f"sglang_dsa_mtp: DSA target verify replay metadata for bs {first} falls back to SGLang's "
+        "kernel: ours raised: RuntimeError: injected failure"
+    ]
+    ours.calls.clear()
+    for bs in CAPTURED:
+        server.replay(backend, ForwardMode.TARGET_VERIFY, [9] * bs, list(range(1, bs + 1)))
+    assert sorted(kwargs["bs"] for kwargs in ours.calls) == rest
 
 
 @pytest.mark.parametrize("op", list(MODES))

@@ -6,6 +6,8 @@ are selected, each attribute holds ours with SGLang's kernel behind it as the fa
 (``test_dsa_metadata_fallback.py`` tests the fallback on backends SGLang builds and replays).
 """
 
+import logging
+
 import pytest
 
 from sglang_dsa_mtp.testing.sglang_import import require_sglang
@@ -16,7 +18,6 @@ import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
 from sglang.kernels.ops.attention.dsa import metadata as sglang_metadata
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
-from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
@@ -76,21 +77,32 @@ def test_cuda_kpool1_without_fusion_selects_bounded_kernels(hooked):
     assert decision(backend) is None
 
 
+def test_a_gate_that_raises_keeps_sglangs_kernels_with_one_error(hooked, caplog):
+    def raising(backend):
+        raise RuntimeError("injected failure")
+
+    hooked.setattr(selection, "why_not_bounded", raising)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        built = [build_backend(), build_backend()]
+    assert [kernels(backend) for backend in built] == [SGLANG_UNBOUNDED] * 2
+    assert decision(built[0]) == "the gate raised RuntimeError: injected failure"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        "sglang_dsa_mtp: a DSA backend keeps SGLang's replay-metadata kernels: the gate raised: "
+        "RuntimeError: injected failure"
+    ]
+
+
 def test_sglang_kernels_stay_behind_ours_as_the_fallback(hooked):
     assert kernels(build_backend(), behind="sglang") == SGLANG_UNBOUNDED
 
 
-def test_a_hook_sglang_left_unapplied_keeps_sglangs_kernels(hooked):
+def test_a_hook_sglang_left_unapplied_keeps_sglangs_kernels(hooked, unapplied):
     """The capture hook warms ours up; had SGLang's ``HookRegistry`` left it unapplied (it logs and
     skips a target that fails to apply), ours would first compile while serving."""
-    target = (
-        "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend."
-        "_build_forward_metadata_cuda_graph"
-    )
-    hooked.setattr(HookRegistry, "_patched", HookRegistry._patched - {target})
+    why = unapplied("DeepseekSparseAttnBackend._build_forward_metadata_cuda_graph")
     backend = build_backend()
     assert kernels(backend) == SGLANG_UNBOUNDED
-    assert decision(backend) == f"SGLang did not apply the plugin's hooks on {target}"
+    assert decision(backend) == why
 
 
 @pytest.mark.parametrize("page_size", [1, 64])

@@ -305,6 +305,31 @@ def test_the_gate_keeps_sglangs_path(dsa_server, hooked, set_platform, spies, br
     assert stock == [BS] and spies["one launch"] == launched
 
 
+def test_a_failure_deciding_a_bs_at_capture_sends_it_to_sglangs_path_with_one_error(
+    dsa_server, hooked, spies, caplog
+):
+    """Logged once at ERROR, as every other fallback, however often the bs is captured again."""
+    hooked.setenv(LIVE_WIDTH.env, "0")
+
+    def raising(multi, metas, bs):
+        raise RuntimeError("injected failure")
+
+    hooked.setattr(mtp, "one_launch_kwargs", raising)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        _, multi = build(dsa_server, steps=4, captured=(BS, BS))
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert errors == [
+        f"sglang_dsa_mtp: MTP draft-decode metadata for bs {BS} keeps SGLang's precompute + "
+        "copies from now on: deciding its path raised: RuntimeError: injected failure"
+    ]
+    launched, stock = spies["one launch"], []
+    batch = graph_batch(BS, DECODE, seq_lens=[1, 2, 3], req_pool_indices=[0, 1, 2])
+    mtp.draft_decode_metadata(
+        lambda self, fb, in_capture=False: stock.append(fb.batch_size), multi, batch
+    )
+    assert stock == [BS] and spies["one launch"] == launched
+
+
 @pytest.mark.parametrize(
     "live_width,path",
     [

@@ -114,6 +114,14 @@ def test_where_a_reader_is_active_the_target_keeps_sglangs_full_mask(
     assert why in caplog.text
 
 
+def test_a_live_width_hook_sglang_left_unapplied_keeps_sglangs_full_mask(server, unapplied, caplog):
+    why = unapplied("DeepseekSparseAttnBackend._init_kpool_metadata_capture")
+    with kit.serving(), caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        backend = target()
+    assert backend.verify_mask is None
+    assert why in caplog.text
+
+
 def test_an_error_building_the_mask_keeps_sglangs_path(server, caplog):
     import sglang_dsa_mtp.integration.dsa_verify_mask as verify_mask
 

@@ -9,7 +9,9 @@ and the draft-token buffer, compared whole (draft tokens start poisoned).
 
 The rows carry ``argmax_cases.PATTERNS`` (ties inside a split / across splits / across ranks,
 NaN before and after the maximum, all-NaN, +inf, all -inf, -0.0 vs +0.0, fp32 -1e30 and its
-neighbours vs NaN, ...) over random values, and the vocab padding holds +inf / NaN / 1e30.
+neighbours vs NaN, ...) over random values, and the vocab padding holds +inf / NaN / 1e30. The GPU
+tests add ``argmax_cases.COMPILED_ONLY_PATTERNS`` (bf16 subnormals against zeros and one another),
+which Triton's interpreter converts wrongly: the CPU skips them, saying so.
 
 CPU (Triton interpreter, in CI): small odd vocabularies with small splits (``SPLIT_N`` patched to 8,
 16 or 64, so that every shard spans several splits and some splits or whole ranks are padding), plus
@@ -30,8 +32,8 @@ CPU = torch.device("cpu")
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float32, id="fp32")]
 TP_SIZES = [2, 3, 4, 8]
 # Row counts of the chunks one case is cut into: together they carry every pattern once.
-ROW_CHUNKS = (1, 4, 16)
-assert sum(ROW_CHUNKS) >= len(cases.PATTERNS)
+ROW_CHUNKS = (1, 4, 18)
+assert sum(ROW_CHUNKS) >= len(cases.ALL_PATTERNS)
 
 
 @pytest.fixture
@@ -61,13 +63,30 @@ def check_case(logits, names, tp_size, vocab_size, *, seed=0, contiguous=False):
     return problems
 
 
-def check_chunks(tp_size, shard_width, vocab_size, dtype, device, *, seed, chunks=ROW_CHUNKS):
-    """One case per row chunk; the chunks together carry every row pattern."""
+def check_chunks(
+    tp_size,
+    shard_width,
+    vocab_size,
+    dtype,
+    device,
+    *,
+    seed,
+    chunks=ROW_CHUNKS,
+    patterns=cases.PATTERNS,
+):
+    """One case per row chunk; the chunks together carry every row pattern of ``patterns``."""
     gen = torch.Generator().manual_seed(seed)
     problems, first = [], 0
     for rows in chunks:
         logits, names = cases.make_logits(
-            rows, tp_size, shard_width, vocab_size, dtype=dtype, generator=gen, first_pattern=first
+            rows,
+            tp_size,
+            shard_width,
+            vocab_size,
+            dtype=dtype,
+            generator=gen,
+            first_pattern=first,
+            patterns=patterns,
         )
         found = check_case(logits.to(device), names, tp_size, vocab_size, seed=seed + rows)
         problems += [f"rows {rows}: {p}" for p in found]
@@ -134,11 +153,18 @@ def test_contiguous_and_column_strided_shards(split_n):
 
 @pytest.mark.parametrize("split_n", [16], indirect=True)
 def test_patterns_pick_the_tokens_they_are_built_for(split_n):
-    """Guards the test data itself: the hard rows really are hard (each rule decides them)."""
+    """Guards the test data itself: the hard rows really are hard (each rule decides them). In
+    fp32, which the interpreter converts right, the bf16 subnormal rows too."""
     tp_size, width, vocab = 4, 40, 151
-    rows = len(cases.PATTERNS)
+    rows = len(cases.ALL_PATTERNS)
     logits, names = cases.make_logits(
-        rows, tp_size, width, vocab, dtype=torch.float32, generator=torch.Generator()
+        rows,
+        tp_size,
+        width,
+        vocab,
+        dtype=torch.float32,
+        generator=torch.Generator(),
+        patterns=cases.ALL_PATTERNS,
     )
     exchange = cases.sum_buffers(cases.rank_buffers(logits, tp_size, vocab))
     sanitize = dap.draft_argmax_finalize(exchange)[1].view(-1).tolist()
@@ -166,8 +192,10 @@ def test_patterns_pick_the_tokens_they_are_built_for(split_n):
         "padding-only-specials": (0, 0),
         "coarse-ties": (1, 1),  # 1 * 7919 % 5 == 4: the first 2.0
         "low-bit-near-ties": (width, width),
+        "subnormal-above-zeros": (width, width),  # flushed to zero, +0.0 at column 1 would win
+        "subnormal-order": (width, width),
     }
-    assert set(expected) | {"random"} == set(cases.PATTERNS)
+    assert set(expected) | {"random"} == set(cases.ALL_PATTERNS)
     for name, (want_sanitize, want_propagate) in expected.items():
         got = (sanitize[row[name]], propagate[row[name]])
         assert got == (want_sanitize, want_propagate), name
@@ -430,8 +458,34 @@ def test_the_reference_is_sglangs_own_file():
 
 
 # ------------------------------------------------------------------------------------------------
-# GPU: the real vocab at every TP size, rows 1..16, and a CUDA-graph capture
+# GPU: the real vocab at every TP size, rows 1..16, and a CUDA-graph capture; every pattern, the
+# bf16 subnormal rows included
 # ------------------------------------------------------------------------------------------------
+
+ALL = cases.ALL_PATTERNS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=cases.INTERPRETER_SUBNORMALS)
+@pytest.mark.parametrize("split_n", [16], indirect=True)
+@pytest.mark.parametrize("tp_size", TP_SIZES)
+def test_bf16_subnormal_rows_match_the_gathered_pick(tp_size, split_n):
+    """The CPU cases' layout (40 columns a rank, 3 splits of 16), with the rows of
+    ``COMPILED_ONLY_PATTERNS`` only: bf16 subnormals against +0.0, -0.0 and one another."""
+    shard_width = 40
+    vocab_size = (tp_size - 1) * shard_width + 11
+    chunks = (len(cases.COMPILED_ONLY_PATTERNS),)
+    problems = check_chunks(
+        tp_size,
+        shard_width,
+        vocab_size,
+        torch.bfloat16,
+        "cuda",
+        seed=tp_size,
+        chunks=chunks,
+        patterns=cases.COMPILED_ONLY_PATTERNS,
+    )
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.gpu
@@ -450,6 +504,7 @@ def test_real_vocab_every_row_count_on_gpu(tp_size, dtype):
             dtype=dtype,
             generator=gen,
             first_pattern=rows * 5,
+            patterns=cases.ALL_PATTERNS,
         )
         found = check_case(logits.cuda(), names, tp_size, cases.VOCAB, seed=rows)
         problems += [f"rows {rows}: {p}" for p in found]
@@ -461,7 +516,9 @@ def test_real_vocab_every_row_count_on_gpu(tp_size, dtype):
 @pytest.mark.parametrize("tp_size", TP_SIZES)
 def test_padded_vocabs_on_gpu(tp_size, vocab_size):
     width = cases.padded_shard_width(vocab_size, tp_size)
-    problems = check_chunks(tp_size, width, vocab_size, torch.bfloat16, "cuda", seed=vocab_size)
+    problems = check_chunks(
+        tp_size, width, vocab_size, torch.bfloat16, "cuda", seed=vocab_size, patterns=ALL
+    )
     assert not problems, "\n".join(problems)
 
 
@@ -477,10 +534,12 @@ def test_random_vocabularies_tp_sizes_and_row_counts_on_gpu(seed):
     chunks = (
         int(torch.randint(1, 9, (1,), generator=gen)),
         int(torch.randint(1, 241, (1,), generator=gen)),
-        len(cases.PATTERNS),
+        len(ALL),
     )
     width = cases.padded_shard_width(vocab_size, tp_size)
-    problems = check_chunks(tp_size, width, vocab_size, dtype, "cuda", seed=seed, chunks=chunks)
+    problems = check_chunks(
+        tp_size, width, vocab_size, dtype, "cuda", seed=seed, chunks=chunks, patterns=ALL
+    )
     assert not problems, f"TP {tp_size}, vocab {vocab_size}, {dtype}, rows {chunks}: " + "\n".join(
         problems
     )
@@ -507,7 +566,9 @@ def test_emulated_exchange_in_a_cuda_graph(tp_size):
 
     gen = torch.Generator().manual_seed(21)
     static_logits.copy_(
-        cases.make_logits(rows, tp_size, width, cases.VOCAB, dtype=torch.bfloat16, generator=gen)[0]
+        cases.make_logits(
+            rows, tp_size, width, cases.VOCAB, dtype=torch.bfloat16, generator=gen, patterns=ALL
+        )[0]
     )
     graph, ((topk_p, topk_index), (prop_p, prop_index)) = capture_graph(body)
     seen = set()
@@ -520,6 +581,7 @@ def test_emulated_exchange_in_a_cuda_graph(tp_size):
             dtype=torch.bfloat16,
             generator=gen,
             first_pattern=replay * 7,
+            patterns=ALL,
         )
         static_logits.copy_(logits)
         fresh_positions, fresh_tokens = cases.pick_state(rows, "cuda")

@@ -103,6 +103,7 @@ def test_the_command_shows_a_switched_off_feature():
     assert switch_line.split()[1] == "off"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_help_and_version_import_neither_sglang_nor_torch(flag):
     """They answer at once: SGLang's import alone takes seconds."""
@@ -162,6 +163,7 @@ def test_with_no_checks_registered_the_command_says_so_and_passes(monkeypatch, c
     assert "none yet" in capsys.readouterr().out
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("no_checks", [True, False], ids=["no-checks", "with-checks"])
 def test_an_invalid_switch_value_exits_1_naming_the_variable(
     no_checks, fresh_switches, monkeypatch, capsys

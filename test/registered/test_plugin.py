@@ -105,6 +105,7 @@ def test_sglang_discovers_the_entry_point():
     assert plugin.discovery() == (True, f"loads entry point {ENTRY_POINT!r} (sglang.srt.plugins)")
 
 
+@pytest.mark.quick
 def test_sglang_load_plugins_runs_register_and_applies_its_hooks(fresh_plugin):
     # Whitelist only this plugin: others installed with SGLang (smg-grpc-servicer) would patch SGLang
     # for the rest of the session.
@@ -134,6 +135,7 @@ def test_the_sglang_plugins_whitelist_can_leave_the_plugin_out(fresh_plugin):
 # --- what register() registers ---------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_the_shipped_table_resolves_completely(fresh_plugin, caplog):
     plugin.register()
     assert plugin_warnings(caplog) == []

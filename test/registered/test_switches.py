@@ -66,6 +66,7 @@ def test_a_true_word_keeps_the_switch_on(switch, value, fresh_switches, monkeypa
     assert switch.enabled()
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("switch", SWITCH_PARAMS)
 @pytest.mark.parametrize("value", ["off", "2", "", " 1"])
 def test_an_unparsable_value_turns_the_switch_off_and_logs_an_error_naming_the_variable(

@@ -3,18 +3,23 @@
 Prints SGLang's version, whether SGLang's plugin loader picks this package up, which launch the
 kernels' launch plans make under the installed Triton, the kill switches, whether each feature would
 engage here and why not, from how many running requests the live-width indexer logits engage on
-this GPU, and one row per kernel self-check (``--no-checks`` skips them). The exit status is 0 when SGLang's plugin loader loads this plugin,
-every kill-switch value is valid and every self-check passes; 1 when the loader leaves the plugin
-out, a value is invalid or a check fails; 2 on a bad command line. The rows come from
-:mod:`sglang_dsa_mtp.status`, the checks from the test support (``sglang_dsa_mtp.testing``), which
-only this command imports, and only when it runs them.
+this GPU, and one row per kernel self-check. ``--no-checks`` skips the checks and the import of the
+hook targets' SGLang modules (the features then as the version, the switches and the platform
+decide, which the status says), so that it takes about as long as importing SGLang. ``--help`` and
+``--version`` import neither torch nor SGLang. The exit status is 0 when SGLang's plugin loader
+loads this plugin, every kill-switch value is valid and every self-check passes; 1 when the loader
+leaves the plugin out, a value is invalid or a check fails; 2 on a bad command line. The rows come
+from :mod:`sglang_dsa_mtp.status`, the checks from the test support (``sglang_dsa_mtp.testing``),
+which only this command imports, and only when it runs them.
 
-The tables go to stdout, every line at most :data:`WIDTH` columns: a table's last column wraps
-under its own start, a self-check's detail goes on the lines below its row. This package's log
-records go to stderr as ``LEVEL sglang_dsa_mtp: ...`` (each message carries its ``sglang_dsa_mtp:``
-prefix, which is what names them in SGLang's server log, whose format has no logger names). SGLang's own import-time warnings about a machine without
-CUDA (``SGLANG_IMPORT_WARNINGS``, ``SGLANG_IMPORT_LOG_LINES``) are not about this plugin and are
-kept off this screen; any other warning is shown as usual.
+Every line on the screen is at most :data:`WIDTH` columns. The tables go to stdout: a table's last
+column wraps under its own start, a self-check's detail goes on the lines below its row. This
+package's log records go to stderr as ``LEVEL sglang_dsa_mtp: ...`` (each message carries its
+``sglang_dsa_mtp:`` prefix, which is what names them in SGLang's server log, whose format has no
+logger names), wrapped under the message's start. An invalid kill-switch value shows first, as the
+one error the server logs for it; its rows point to it. SGLang's own import-time warnings about a
+machine without CUDA (``SGLANG_IMPORT_WARNINGS``, ``SGLANG_IMPORT_LOG_LINES``) are not about this
+plugin and are kept off this screen; any other warning is shown as usual.
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ import sys
 import textwrap
 import warnings
 from collections.abc import Iterator, Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 import sglang_dsa_mtp
-from sglang_dsa_mtp.devices import select_device
 from sglang_dsa_mtp.log import logger
+
+if TYPE_CHECKING:
+    import torch
 
 # SGLang's warnings while it is imported on a machine without CUDA: (category, start of message).
 SGLANG_IMPORT_WARNINGS = (
@@ -69,12 +75,21 @@ def quiet_sglang_import() -> Iterator[None]:
             logging.getLogger(name).removeFilter(keep)
 
 
+class _ScreenFormatter(logging.Formatter):
+    """A record's lines wrapped to :data:`WIDTH` columns, continued under the message's start."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        indent = " " * (len(record.levelname) + 1)
+        lines = super().format(record).splitlines()
+        return "\n".join("\n".join(_wrap(line, WIDTH, indent)) for line in lines)
+
+
 @contextlib.contextmanager
 def log_to_screen() -> Iterator[None]:
     """Inside the block, this package's records at INFO and above go to stderr as
     ``LEVEL sglang_dsa_mtp: ...``, and only there; the logger is restored afterwards."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    handler.setFormatter(_ScreenFormatter("%(levelname)s %(message)s"))
     level, propagate = logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -106,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-checks",
         action="store_true",
-        help="print the status only, without the kernel self-checks (they take about a minute on "
-        "a small CPU machine)",
+        help="print the status only: no kernel self-checks (about a minute on a small CPU "
+        "machine), and the hook targets' SGLang modules not imported",
     )
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {sglang_dsa_mtp.__version__}"
@@ -115,8 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _wrap(text: str, width: int) -> list[str]:
-    return textwrap.wrap(text, max(width, 1), break_on_hyphens=False) or [""]
+def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+    """``text`` in lines of at most ``width`` columns, the lines after the first after ``indent``."""
+    return textwrap.wrap(text, max(width, 1), subsequent_indent=indent, break_on_hyphens=False) or [
+        ""
+    ]
 
 
 def _print_table(
@@ -146,21 +164,27 @@ def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _print_status(device: torch.device, device_note: str) -> bool:
+def _print_status(device: torch.device, device_note: str, *, resolve: bool) -> bool:
     """The SGLang, loader, device and launch-plan lines, the kill switches, the features, and from
     how many running requests the live-width indexer logits engage here; whether SGLang's loader
-    loads us."""
+    loads us. ``resolve``: the features as ``register()`` would decide, every hook target imported
+    (most of the time the status takes); otherwise from the version, the switches and the
+    platform, which the status says."""
     from sglang_dsa_mtp import status
 
     print(f"sglang_dsa_mtp {sglang_dsa_mtp.__version__}\n")
     rows, discovered = status.installation_rows(device_note)
     _print_table(rows)
     _print_table(status.switch_rows(), header=("kill switch", "state", "why"))
-    _print_table(status.feature_rows(), header=("feature", "engages here", "why not"))
+    _print_table(status.feature_rows(resolve), header=("feature", "engages here", "why not"))
+    if not resolve:
+        for line in _wrap(status.UNRESOLVED, WIDTH - len(INDENT)):
+            print(INDENT + line)
+        print()
     for line in _wrap(status.device_indexer_engagement(device), WIDTH - len(INDENT)):
         print(INDENT + line)
     print()
-    live_width = status.live_width_rows()
+    live_width = status.live_width_rows(resolve)
     if live_width:
         _print_table(live_width, header=("live_width part", "engages here", "when / why not"))
     return discovered
@@ -190,8 +214,13 @@ def _run_checks(device: torch.device, device_note: str) -> list[str]:
 def main(argv: Sequence[str] = ()) -> int:
     """The command with arguments ``argv`` (without the program name); returns the exit status."""
     args = build_parser().parse_args(list(argv))
-    # Before anything defines a Triton kernel: on a machine without CUDA this sets
-    # TRITON_INTERPRET=1, so SGLang and the self-checks' kernels are imported after it.
+    # Imported after the command line is read, so that --help and --version need neither torch nor
+    # SGLang; select_device() before anything defines a Triton kernel: on a machine without CUDA it
+    # sets TRITON_INTERPRET=1, so SGLang and the self-checks' kernels are imported after it.
+    import torch
+
+    from sglang_dsa_mtp.devices import select_device
+
     device = select_device()
     device_note = (
         f"cuda ({torch.cuda.get_device_name(device)})"
@@ -200,10 +229,14 @@ def main(argv: Sequence[str] = ()) -> int:
     )
     with log_to_screen():
         with quiet_sglang_import():
-            discovered = _print_status(device, device_note)
-        from sglang_dsa_mtp.switches import SWITCHES
+            from sglang_dsa_mtp.switches import SWITCHES
 
-        problems = [error for error in (s.value_error() for s in SWITCHES) if error]
+            # First on the screen: the error the server logs for an invalid value, once.
+            invalid = [switch for switch in SWITCHES if switch.value_error()]
+            for switch in invalid:
+                switch.state()
+            discovered = _print_status(device, device_note, resolve=not args.no_checks)
+        problems = []
         if not discovered:
             problems.append(
                 "SGLang's plugin loader does not load this plugin (see 'plugin loader')"
@@ -214,7 +247,7 @@ def main(argv: Sequence[str] = ()) -> int:
             problems += [f"self-check {name!r} failed" for name in _run_checks(device, device_note)]
     for problem in problems:
         print(f"python -m sglang_dsa_mtp: error: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return 1 if problems or invalid else 0
 
 
 if __name__ == "__main__":

@@ -147,8 +147,9 @@ def _resolve_rows(switch: KillSwitch) -> tuple[list, list]:
     return resolved, attributes
 
 
-def _plan() -> _Plan:
-    """What ``register()`` would register now, and why each feature is on or off."""
+def _plan(resolve: bool = True) -> _Plan:
+    """What ``register()`` would register now, and why each feature is on or off. ``resolve=False``
+    leaves out what importing the hook targets decides (it registers nothing: status only)."""
     version = sglang_version()
     if not version_tested(version):
         installed = f"SGLang {version} is installed" if version else "SGLang is not installed"
@@ -168,24 +169,27 @@ def _plan() -> _Plan:
         if not enabled:
             status[switch.feature] = FeatureStatus(False, why)
             continue
+        if not hooks.rows_of(switch):
+            status[switch.feature] = FeatureStatus(False, "not yet implemented in this version")
+            continue
+        status[switch.feature] = FeatureStatus(True, why)
+        if not resolve:
+            continue
         try:
             feature_hooks, feature_attributes = _resolve_rows(switch)
         except _Unresolved as exc:
             status[switch.feature] = FeatureStatus(False, str(exc))
             warnings.append(f"{switch.feature} is off, SGLang's own path is used: {exc}")
             continue
-        if not feature_hooks:
-            status[switch.feature] = FeatureStatus(False, "not yet implemented in this version")
-            continue
-        status[switch.feature] = FeatureStatus(True, why)
         registered += [pair for pair in feature_hooks if pair[0] not in dict(registered)]
         attributes += feature_attributes
     return _Plan(status, tuple(registered), tuple(attributes), tuple(warnings))
 
 
-def feature_status() -> dict[str, FeatureStatus]:
-    """Per feature, whether it is on and why: as ``register()`` decided, or would decide now."""
-    return dict(_status) if _status is not None else _plan().status
+def feature_status(resolve: bool = True) -> dict[str, FeatureStatus]:
+    """Per feature, whether it is on and why: as ``register()`` decided, or would decide now
+    (``resolve=False``: without importing the hook targets)."""
+    return dict(_status) if _status is not None else _plan(resolve).status
 
 
 def register() -> None:

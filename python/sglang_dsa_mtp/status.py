@@ -17,6 +17,10 @@ from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH, SWITCHE
 
 EAGLE_DRAFT_TOKENS = {"3/1/4": 4, "4/1/5": 5, "5/1/6": 6}  # EAGLE steps/topk/draft tokens
 Row = tuple[str, ...]
+UNRESOLVED = (
+    "Hook targets not imported (--no-checks): a feature that engages here still needs each of its "
+    "SGLang targets to resolve, which the server checks at start and logs."
+)
 
 
 def installation_rows(device_note: str) -> tuple[list[Row], bool]:
@@ -53,11 +57,12 @@ def switch_rows() -> list[Row]:
     return rows
 
 
-def feature_rows() -> list[Row]:
-    """(feature, engages here, why not) per feature: as ``register()`` decided, and the platform."""
+def feature_rows(resolve: bool = True) -> list[Row]:
+    """(feature, engages here, why not) per feature: as ``register()`` decided (``resolve=False``:
+    without resolving the hook targets, :data:`UNRESOLVED`), and the platform."""
     blocker = devices.cuda_blocker()
     rows = []
-    for feature, status in plugin.feature_status().items():
+    for feature, status in plugin.feature_status(resolve).items():
         why_not = [] if status.enabled else [status.reason]
         if blocker:
             why_not.append(blocker)
@@ -104,10 +109,10 @@ def device_indexer_engagement(device: torch.device) -> str:
     return indexer_engagement(props.multi_processor_count, sm100=props.major == 10)
 
 
-def live_width_rows() -> list[Row]:
+def live_width_rows(resolve: bool = True) -> list[Row]:
     """(part, engages here, when or why not) for each part of the live-width switch; none when
-    the feature is off."""
-    if not plugin.feature_status()[LIVE_WIDTH.feature].enabled:
+    the feature is off (``resolve`` as in :func:`feature_rows`)."""
+    if not plugin.feature_status(resolve)[LIVE_WIDTH.feature].enabled:
         return []
     blockers = [why] if (why := LIVE_WIDTH.blocker()) else []
     topk = [

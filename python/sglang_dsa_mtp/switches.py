@@ -50,7 +50,9 @@ class KillSwitch:
         return None if raw is None else self._parse(raw)[1]
 
     def state(self) -> tuple[bool, str]:
-        """(enabled, why): unset -> on; parsable -> its value; unparsable -> off, logged as an error."""
+        """(enabled, why): unset -> on; parsable -> its value; unparsable -> off, logged as an error
+        the first time (the one message naming the value and the accepted ones; ``why`` points to
+        it)."""
         raw = os.environ.get(self.env)
         if raw is None:
             return True, "default on"
@@ -64,7 +66,7 @@ class KillSwitch:
             error,
             self.feature,
         )
-        return False, f"{error}: off"
+        return False, f"{self.env} is invalid (see the error)"
 
     def enabled(self) -> bool:
         return self.state()[0]

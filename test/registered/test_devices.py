@@ -2,11 +2,13 @@
 
 import os
 
+import pytest
 import torch
 
 from sglang_dsa_mtp.devices import cuda_blocker, select_device
 
 
+@pytest.mark.quick
 def test_without_cuda_the_cpu_is_selected_with_triton_interpret_set(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

@@ -129,6 +129,7 @@ def _occurrences(paths, words, *, ignore_case=False):
     return found
 
 
+@pytest.mark.quick
 def test_no_machine_paths_or_remote_execution_names():
     """In docs, READMEs, scripts, docstrings, help text and the recorded tool output under
     docs/data (the repository's text files)."""

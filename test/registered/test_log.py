@@ -61,6 +61,7 @@ def test_every_log_message_starts_with_the_plugin_name(path):
         assert message.startswith("sglang_dsa_mtp: "), f"{path.name}:{line}: {message!r}"
 
 
+@pytest.mark.quick
 def test_log_failure_logs_once_at_error_with_the_exception(caplog, monkeypatch):
     from sglang_dsa_mtp import log
 

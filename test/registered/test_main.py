@@ -1,8 +1,10 @@
 """``python -m sglang_dsa_mtp``: a readable report of this machine, a real command line, and a
 non-zero exit on an invalid kill-switch value or a failed check."""
 
+import inspect
 import logging
 import os
+import pkgutil
 import subprocess
 import sys
 import warnings
@@ -13,6 +15,7 @@ from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
 
+from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.__main__ import (
     SGLANG_IMPORT_LOG_LINES,
     SGLANG_IMPORT_WARNINGS,
@@ -21,21 +24,35 @@ from sglang_dsa_mtp.__main__ import (
 )
 from sglang_dsa_mtp.devices import cuda_blocker
 from sglang_dsa_mtp.selfcheck import CheckResult, SelfCheck
-from sglang_dsa_mtp.switches import SWITCHES
+from sglang_dsa_mtp.switches import ACCEPTED, SWITCHES
 from sglang_dsa_mtp.testing import selfchecks
 
 
-def run_main(*args, **env):
-    """Run the command as a user would, without the TRITON_INTERPRET this test session set."""
+def run_main(*args, python=(), merged=False, **env):
+    """Run the command as a user would, without the TRITON_INTERPRET this test session set;
+    ``python``: interpreter options; ``merged``: stderr into stdout, each write in the order it is
+    made (unbuffered, as on a terminal)."""
     environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    environ.update(env)
+    environ.update(env, **({"PYTHONUNBUFFERED": "1"} if merged else {}))
     return subprocess.run(
-        [sys.executable, "-m", "sglang_dsa_mtp", *args],
+        [sys.executable, *python, "-m", "sglang_dsa_mtp", *args],
         env=environ,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
         text=True,
         timeout=300,
     )
+
+
+def imported_modules(*args) -> set[str]:
+    """The modules the command imports with ``args`` (``python -X importtime``)."""
+    done = run_main(*args, python=("-X", "importtime"))
+    assert done.returncode == 0, done.stderr
+    return {
+        line.rpartition("|")[2].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    }
 
 
 def record_checks(monkeypatch, *results):
@@ -86,6 +103,27 @@ def test_the_command_shows_a_switched_off_feature():
     assert switch_line.split()[1] == "off"
 
 
+@pytest.mark.quick
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_and_version_import_neither_sglang_nor_torch(flag):
+    """They answer at once: SGLang's import alone takes seconds."""
+    modules = imported_modules(flag)
+    assert "sglang_dsa_mtp.log" in modules, "the command's own imports are seen"
+    assert {name.partition(".")[0] for name in modules} & {"sglang", "torch", "triton"} == set()
+
+
+def test_no_checks_imports_no_module_of_a_hook_target():
+    """Importing the targets is most of the time the full status takes; --no-checks leaves it to the
+    server (and says so)."""
+    targets = set()
+    for row in (*hooks.HOOKS, *hooks.ATTRIBUTES):
+        owner = pkgutil.resolve_name(row.target.rpartition(".")[0])
+        targets.add(owner.__name__ if inspect.ismodule(owner) else owner.__module__)
+    modules = imported_modules("--no-checks")
+    assert "sglang.srt.plugins" in modules, "the command's imports are seen"
+    assert targets & modules == set()
+
+
 def test_help_shows_the_usage_and_exits_0(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--help"])
@@ -125,6 +163,7 @@ def test_with_no_checks_registered_the_command_says_so_and_passes(monkeypatch, c
     assert "none yet" in capsys.readouterr().out
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("no_checks", [True, False], ids=["no-checks", "with-checks"])
 def test_an_invalid_switch_value_exits_1_naming_the_variable(
     no_checks, fresh_switches, monkeypatch, capsys
@@ -133,8 +172,25 @@ def test_an_invalid_switch_value_exits_1_naming_the_variable(
     monkeypatch.setenv("SGLANG_DSA_LIVE_WIDTH", "maybe")
     assert main(["--no-checks"] if no_checks else []) == 1
     err = capsys.readouterr().err.splitlines()
-    assert "ERROR sglang_dsa_mtp: SGLANG_DSA_LIVE_WIDTH='maybe' is not a boolean" in err[0]
-    assert err[-1].startswith("python -m sglang_dsa_mtp: error: SGLANG_DSA_LIVE_WIDTH='maybe'")
+    assert err[0].startswith("ERROR sglang_dsa_mtp: SGLANG_DSA_LIVE_WIDTH='maybe' is not a boolean")
+    assert [line for line in err if "maybe" in line] == [err[0]]
+
+
+def test_an_invalid_switch_value_is_one_message_first_in_the_output():
+    """The whole output, as on a terminal: the server's error, once, before anything else, every
+    line within 100 columns; the switch and the feature rows point to it."""
+    done = run_main("--no-checks", merged=True, SGLANG_DSA_LIVE_WIDTH="maybe")
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    words = " ".join(done.stdout.split())
+    assert lines[0].startswith(
+        "ERROR sglang_dsa_mtp: SGLANG_DSA_LIVE_WIDTH='maybe' is not a boolean"
+    )
+    assert words.count("'maybe'") == 1 and words.count(ACCEPTED) == 1
+    assert words.count("is not a boolean") == 1 and words.count("ERROR") == 1
+    assert words.count("SGLANG_DSA_LIVE_WIDTH is invalid (see the error)") == 2
+    assert "live_width stays off" in words and "error:" not in words
+    assert_fits(done.stdout)
 
 
 def test_log_lines_on_the_screen_carry_one_prefix(fresh_switches, monkeypatch, capsys):

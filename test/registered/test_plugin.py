@@ -22,6 +22,7 @@ from sglang_dsa_mtp import hooks, plugin
 from sglang_dsa_mtp.hooks import PluginAttribute, PluginHook
 from sglang_dsa_mtp.plugin import ENTRY_POINT, FeatureStatus
 from sglang_dsa_mtp.switches import (
+    ACCEPTED,
     BOUNDED_REPLAY_METADATA,
     DRAFT_ARGMAX_EXCHANGE,
     LIVE_WIDTH,
@@ -104,6 +105,7 @@ def test_sglang_discovers_the_entry_point():
     assert plugin.discovery() == (True, f"loads entry point {ENTRY_POINT!r} (sglang.srt.plugins)")
 
 
+@pytest.mark.quick
 def test_sglang_load_plugins_runs_register_and_applies_its_hooks(fresh_plugin):
     # Whitelist only this plugin: others installed with SGLang (smg-grpc-servicer) would patch SGLang
     # for the rest of the session.
@@ -133,6 +135,7 @@ def test_the_sglang_plugins_whitelist_can_leave_the_plugin_out(fresh_plugin):
 # --- what register() registers ---------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_the_shipped_table_resolves_completely(fresh_plugin, caplog):
     plugin.register()
     assert plugin_warnings(caplog) == []
@@ -254,12 +257,16 @@ def test_a_switched_off_feature_registers_nothing(fresh_plugin):
     )
 
 
-def test_an_unparsable_switch_registers_nothing(fresh_plugin):
+def test_an_unparsable_switch_registers_nothing_and_logs_one_error(fresh_plugin, caplog):
     fresh_plugin.setenv(DRAFT_ARGMAX_EXCHANGE.env, "off")
     use_hooks(fresh_plugin, PluginHook((DRAFT_ARGMAX_EXCHANGE,), TARGET, HookType.AFTER, HOOK))
-    plugin.register()
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        plugin.register()
+        status = plugin.feature_status()[DRAFT_ARGMAX_EXCHANGE.feature]
     assert registered() == {}
-    assert not plugin.feature_status()[DRAFT_ARGMAX_EXCHANGE.feature].enabled
+    assert status == (False, f"{DRAFT_ARGMAX_EXCHANGE.env} is invalid (see the error)")
+    [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert f"{DRAFT_ARGMAX_EXCHANGE.env}='off' is not a boolean ({ACCEPTED})" in error
 
 
 @pytest.mark.parametrize(
@@ -426,6 +433,21 @@ def test_register_never_raises_into_sglang(fresh_plugin, caplog):
 def test_feature_status_before_register_reports_without_registering(fresh_plugin):
     use_hooks(fresh_plugin, PluginHook((BOUNDED_REPLAY_METADATA,), TARGET, HookType.AFTER, HOOK))
     assert plugin.feature_status()[BOUNDED_REPLAY_METADATA.feature] == (True, "default on")
+    assert registered() == {}
+
+
+def test_feature_status_without_resolving_leaves_out_only_what_the_targets_decide(fresh_plugin):
+    missing = PluginHook((BOUNDED_REPLAY_METADATA,), f"{TARGET}_missing", HookType.AFTER, HOOK)
+    use_hooks(fresh_plugin, missing, PluginHook((LIVE_WIDTH,), TARGET, HookType.AFTER, HOOK))
+    fresh_plugin.setenv(LIVE_WIDTH.env, "0")
+    unresolved = plugin.feature_status(resolve=False)
+    assert unresolved[BOUNDED_REPLAY_METADATA.feature] == (True, "default on")
+    assert unresolved[LIVE_WIDTH.feature] == (False, f"{LIVE_WIDTH.env}=0")
+    assert unresolved[DRAFT_ARGMAX_EXCHANGE.feature] == (
+        False,
+        "not yet implemented in this version",
+    )
+    assert not plugin.feature_status()[BOUNDED_REPLAY_METADATA.feature].enabled
     assert registered() == {}
 
 

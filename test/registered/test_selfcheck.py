@@ -1,11 +1,13 @@
 """Running the self-checks of ``python -m sglang_dsa_mtp``: every check in order, a raising check a
 failed one. (The checks themselves: ``testing/test_selfchecks.py``.)"""
 
+import pytest
 import torch
 
 from sglang_dsa_mtp.selfcheck import CheckResult, SelfCheck, run_checks
 
 
+@pytest.mark.quick
 def test_run_checks_runs_every_check_in_order_on_the_given_device():
     seen = []
 

@@ -25,6 +25,7 @@ def test_requests_from_which_eagle_rows_are_chunked(num_sms, expected):
         assert requests * n > num_sms >= (requests - 1) * n
 
 
+@pytest.mark.quick
 def test_an_h200_engages_in_target_verify_and_draft_extend():
     text = status.indexer_engagement(132)
     assert "this GPU's 132 SMs: target verify and draft extend from 34 / 27 / 23" in text

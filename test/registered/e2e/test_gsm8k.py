@@ -30,6 +30,7 @@ def _answer(prompt: str) -> str:
     return f"So it is {2 * i}." if i < 6 else "I cannot tell you."
 
 
+@pytest.mark.quick
 def test_prompts_are_five_shots_then_the_question_and_labels_the_final_number(data_path):
     questions = gsm8k.load_questions(data_path)
     assert questions.prompts[7] == SHOTS + "Question: What is 7 + 7?\nAnswer:"

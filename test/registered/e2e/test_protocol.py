@@ -34,6 +34,7 @@ SPEC_MODEL_ARGS = [
 ]  # fmt: skip
 
 
+@pytest.mark.quick
 def test_stock_arm_turns_every_switch_off_whatever_the_environment_says():
     env = arm_env("stock", {"PATH": "/bin", SWITCH_ENVS[0]: "1"})
     assert env == {"PATH": "/bin", **{name: "0" for name in SWITCH_ENVS}}

@@ -20,6 +20,7 @@ def script(request):
     return load_script(request.param)
 
 
+@pytest.mark.quick
 def test_the_kit_has_its_three_commands():
     assert [path.name for path in SCRIPTS] == ["gsm8k.py", "serve.py", "sweep.py"]
 

@@ -74,6 +74,7 @@ def test_a_server_never_healthy_times_out_and_is_stopped(tmp_path):
         os.kill(int(log.read_text()), 0)
 
 
+@pytest.mark.quick
 def test_generate_and_flush_cache_talk_to_the_server(standin):
     server = standin(max_requests=1)
     answer = generate(

@@ -99,6 +99,7 @@ def test_sglang_load_client_runs_against_a_stand_in_and_its_result_reads_as_a_ru
     assert run.tok_s_user > 0
 
 
+@pytest.mark.quick
 def test_report_takes_medians_over_the_runs_of_each_arm_and_point():
     points = sweep.summarize(sweep.load_runs(RECORDED))
     # Concurrency 1, tok/s/user per run: stock 500 500 400 400, plugin 625 625 500 500.

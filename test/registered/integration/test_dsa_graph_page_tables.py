@@ -140,6 +140,7 @@ def real_table_width(backend):
 # --- the plugin's rows ------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_the_live_width_switch_hooks_the_graph_state_of_both_dsa_backend_classes():
     targets = {row.target for row in hooks.rows_of(LIVE_WIDTH)}
     dsa = "sglang.srt.layers.attention.dsa_backend"

@@ -285,6 +285,7 @@ def stock_and_ours_calls(hooked, indexer, batch, calls):
 # --- the hook rows ----------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_plugin_hooks_the_split_function_and_the_indexer_constructor():
     rows = {(row.target, row.hook_type.value) for row in hooks.rows_of(LIVE_WIDTH)}
     assert (SPLIT, "around") in rows
@@ -357,6 +358,7 @@ def test_the_call_comparison_names_the_argument_that_differs():
     assert call_differences(first[:1], first) == ["1 calls, SGLang's closure makes 2"]
 
 
+@pytest.mark.quick
 def test_masked_init_and_local_tokens_select_sglang_top_k_indices(
     hooked, torch_paged_mqa, live_calls
 ):

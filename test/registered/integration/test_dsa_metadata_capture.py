@@ -89,6 +89,7 @@ def spies(hooked):
     return warm_ups, kernels, one_launch
 
 
+@pytest.mark.quick
 def test_plugin_hooks_the_graph_metadata_build():
     targets = {row.target for row in hooks.rows_of(BOUNDED_REPLAY_METADATA)}
     assert (
@@ -354,6 +355,7 @@ def test_a_raising_one_launch_warm_up_sends_that_bs_to_another_path(
     )
 
 
+@pytest.mark.quick
 def test_no_warm_up_inside_a_stream_capture(dsa_server, spies, hooked, caplog):
     warm_ups, _, _ = spies
     server = dsa_server()

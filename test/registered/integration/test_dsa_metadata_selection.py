@@ -71,6 +71,7 @@ def test_plugin_hooks_sglang_kernel_selection():
     ) in targets
 
 
+@pytest.mark.quick
 def test_cuda_kpool1_without_fusion_selects_bounded_kernels(hooked):
     backend = build_backend()
     assert kernels(backend) == OURS

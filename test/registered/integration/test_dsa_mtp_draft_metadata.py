@@ -102,6 +102,7 @@ def sglang_decode(backend, metadata, lengths, slots) -> dict:
     }
 
 
+@pytest.mark.quick
 def test_plugin_hooks_the_multi_step_backend_once_per_target():
     rows = [row for row in hooks.HOOKS if row.target.startswith(f"{OWNER}.")]
     assert {row.target for row in hooks.rows_of(BOUNDED_REPLAY_METADATA)} >= {
@@ -169,6 +170,7 @@ def test_one_launch_writes_what_sglangs_decode_kernel_writes_into_every_step(
             assert backend.forward_metadata is m
 
 
+@pytest.mark.quick
 def test_seeded_steps_skip_the_indexer_refreshes(dsa_server):
     server, multi = build(dsa_server, seeded=True)
     before = dict(server.calls)

@@ -51,6 +51,7 @@ def target(runner=None, **runner_args):
     return backend
 
 
+@pytest.mark.quick
 def test_the_live_width_switch_gives_the_dsa_backend_a_verify_mask_property():
     [row] = list(hooks.attributes_of(LIVE_WIDTH))
     assert row.target.endswith("DeepseekSparseAttnBackend.verify_mask")
@@ -213,6 +214,7 @@ FIELDS = (
 )
 
 
+@pytest.mark.quick
 def test_the_verify_round_allocates_no_full_mask_and_verifies_the_same_tokens(server):
     """SGLang's verify input with and without the mask (on the CPU SGLang takes the tree builder in
     both: its chain-tree kernel needs CUDA tensors, see the next test)."""

@@ -112,6 +112,7 @@ def test_a_kernel_raising_only_at_replay_falls_back_at_that_replay(dsa_server, h
     assert len(errors) == 1 and "injected failure" in errors[0]
 
 
+@pytest.mark.quick
 def test_the_fallback_calls_sglangs_kernel_with_the_same_arguments():
     calls = []
     guarded = Fallback(

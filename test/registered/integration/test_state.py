@@ -19,6 +19,7 @@ class SGLangObject:
     """Any object the hooks keep a state on."""
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("kind", KINDS)
 def test_state_of_creates_one_state_and_returns_it_again(kind):
     obj = SGLangObject()

@@ -13,6 +13,8 @@ import inspect
 import itertools
 from types import SimpleNamespace
 
+import pytest
+
 from sglang_dsa_mtp.testing.sglang_import import require_sglang
 
 require_sglang()
@@ -147,6 +149,7 @@ def cases():
             yield eligible, pynccl, symm_mem, flashinfer
 
 
+@pytest.mark.quick
 def test_the_route_is_the_communicator_sglangs_all_reduce_calls(monkeypatch):
     calls, wrong, checked = [], [], 0
     for eligible, pynccl, symm_mem, flashinfer in cases():

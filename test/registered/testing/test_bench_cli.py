@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from sglang_dsa_mtp.testing.bench_cli import (
     MIXED_SHORT,
     SPEC_EPILOG,
@@ -20,6 +22,7 @@ over two lines.
 Usage, not in the help."""
 
 
+@pytest.mark.quick
 def test_the_help_shows_defaults_but_not_for_flags_or_options_without_one():
     parser = benchmark_parser(DOC)
     parser.add_argument("--bs", default="1,16", help="batch sizes")

@@ -29,6 +29,7 @@ def report_compile(kernel, name):
     )
 
 
+@pytest.mark.quick
 def test_count_compiles_records_each_reported_compile_and_keeps_the_previous_hook(monkeypatch):
     earlier = []
     monkeypatch.setattr(

@@ -9,6 +9,8 @@ functions and relative imports, and names the module a pruned file is imported b
 import tarfile
 import zipfile
 
+import pytest
+
 from sglang_dsa_mtp.testing import gpu_payload
 
 
@@ -97,6 +99,7 @@ def sources_importing(tmp_path, text):
     return repo
 
 
+@pytest.mark.quick
 def test_the_closure_follows_imports_in_functions_and_relative_imports(tmp_path):
     wheel, payload = staged(tmp_path)
     repo = sources_importing(tmp_path, "import sglang.srt.a\n")

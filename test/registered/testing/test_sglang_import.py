@@ -38,6 +38,7 @@ def test_an_installed_sglang_that_does_not_import_is_an_error_not_a_skip(monkeyp
             pytest.fail(f"skipped instead of failing: {skip}")
 
 
+@pytest.mark.quick
 def test_an_installed_sglang_that_imports_passes():
     if sglang_import.sglang_version() is None:
         pytest.skip(NOT_INSTALLED)

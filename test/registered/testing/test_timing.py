@@ -8,6 +8,7 @@ import torch
 from sglang_dsa_mtp.testing.timing import cuda_graph_time_us
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("calls,replays", [(0, 30), (20, 0)])
 def test_timing_rejects_empty_graphs(calls, replays):
     with pytest.raises(ValueError, match="at least 1"):

@@ -27,6 +27,7 @@ def test_a_symm_mem_set_up_error_fails_instead_of_skipping(one_rank_group, monke
         tp.make_all_reduce("symm_mem", 16, torch.device("cpu"))
 
 
+@pytest.mark.quick
 def test_the_symm_mem_arm_is_skipped_with_the_reason_it_cannot_exist(one_rank_group, monkeypatch):
     seen = []
 

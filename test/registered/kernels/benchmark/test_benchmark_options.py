@@ -15,6 +15,7 @@ def script(request):
     return load_script(request.param)
 
 
+@pytest.mark.quick
 def test_there_are_benchmarks_to_check():
     assert len(SCRIPTS) >= 3
 

@@ -65,6 +65,7 @@ def inputs():
     return torch.arange(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
 
 
+@pytest.mark.quick
 def test_a_second_call_launches_through_the_plan_with_the_jit_arguments(inputs):
     kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
     plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)

@@ -56,6 +56,7 @@ def test_logits_processor_output_defaults_the_partials_field_to_none(hooked):
     assert output.next_token_argmax_partials is None
 
 
+@pytest.mark.quick
 def test_opt_in_engages_when_every_condition_holds(hooked, draft_head, caplog):
     head = draft_head()
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):

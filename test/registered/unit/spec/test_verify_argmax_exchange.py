@@ -165,6 +165,7 @@ def assert_same_verify(stock, ours, where=""):
 # --- the worker's opt-in -------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_sglangs_eagle_worker_opts_its_target_in_before_any_capture(opted_in, caplog):
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         target, _ = opted_in()

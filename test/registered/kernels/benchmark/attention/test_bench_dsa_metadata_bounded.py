@@ -71,6 +71,7 @@ def test_one_panel_per_op_and_batch_size_with_each_arm_against_the_live_length(s
         assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
 
 
+@pytest.mark.quick
 def test_an_arm_that_was_not_measured_is_left_out(sweep):
     for point in sweep["points"]:
         del point["sglang_kpool"]

@@ -140,6 +140,7 @@ def test_bounded_kernels_match_sglang_at_bs_0(form, pool_1m):
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_the_cases_cover_every_width_page_size_form_and_edge():
     pool = torch.zeros(POOL_ROWS, WIDTH_1M, dtype=torch.int32)
     cases = [random_case(form, seed, pool) for form in FORMS for seed in SEEDS]

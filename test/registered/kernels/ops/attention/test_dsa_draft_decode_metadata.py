@@ -212,6 +212,7 @@ def test_bs0_only_zeroes_each_destinations_cumsum_heads(num_dest):
         assert (out["cu_seqlens_k"][1:] == POISON).all()
 
 
+@pytest.mark.quick
 def test_page_size_1_ignores_real_page_table_like_the_decode_kernels():
     """With page size 1 the compact table is page_table_1 itself; a real_page_table argument
     (even one that differs between destinations) is neither checked against the others nor written.

@@ -143,6 +143,7 @@ def test_bounded_draft_extend_per_request_lengths_matches_sglang(
     assert_identical(case, budget=budget)
 
 
+@pytest.mark.quick
 def test_bounded_draft_extend_padded_graph_rows_match_sglang():
     """Padded graph rows carry seq_len 1 and request slot 0: lengths clamp to 0, block 0 is written."""
     case = make_case(
@@ -439,6 +440,7 @@ def test_bounded_rejects_a_real_page_table_one_page_short_by_name(op):
     assert all((t == POISON).all() for t in out.values() if t is not None), "it wrote"
 
 
+@pytest.mark.quick
 def test_bounded_verify_rejects_wrong_ctx_lens_shape():
     case = make_case("verify", [10, 20], width=SMALL_WIDTH, device=CPU, topk=SMALL_TOPK, next_n=3)
     kw = case.kwargs(case.outputs())

@@ -91,6 +91,7 @@ def test_copy_writes_exactly_the_live_blocks_of_each_row(
     assert_bits_equal(dst, expected)
 
 
+@pytest.mark.quick
 def test_a_one_row_source_with_a_unit_row_stride_is_copied():
     """PyTorch's DLPack export gives DeepGEMM's one-row outputs a row stride of 1."""
     src = torch.arange(128, dtype=torch.float32).as_strided((1, 128), (1, 1))

@@ -125,6 +125,7 @@ def _call(op, case, outs, budget):
         case.run("bounded", outs[0], budget=budget)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("op", WRAPPERS)
 def test_a_call_with_another_budget_on_the_same_buffers_launches_its_own_grid(op, planned_launches):
     """The same buffers called with budgets 2, 5, 2, 5: the first call of each budget compiles its

@@ -138,6 +138,7 @@ def test_real_vocab_at_the_default_split(tp_size, rows):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("split_n", [16], indirect=True)
 def test_contiguous_and_column_strided_shards(split_n):
     gen = torch.Generator().manual_seed(5)

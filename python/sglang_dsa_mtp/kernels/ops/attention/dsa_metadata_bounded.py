@@ -212,6 +212,32 @@ _DECODE_PLANS = LaunchPlans(
 LENGTH_VECTORS = ("cache_seqlens", "cu_seqlens_k", "dsa_cache_seqlens", "dsa_cu_seqlens_k")
 
 
+# The outputs of target verify and draft extend, as their kernels and wrappers name them.
+EXPANDED_OUTPUTS = (
+    "cache_seqlens",
+    "cu_seqlens_k",
+    "seqlens_expanded",
+    "dsa_cache_seqlens",
+    "dsa_cu_seqlens_k",
+)
+
+
+def check_expanded(a: Mapping[str, Any], width: int, rows: int, **inputs) -> None:
+    """:func:`check_arguments` of target verify and draft extend: ``inputs``, then the per-request
+    length vectors and those of their ``rows`` expanded rows."""
+    bs = a["bs"]
+    check_arguments(
+        a,
+        width,
+        **inputs,
+        cache_seqlens=(a["cache_seqlens"], bs),
+        cu_seqlens_k=(a["cu_seqlens_k"], bs + 1),
+        seqlens_expanded=(a["seqlens_expanded"], rows),
+        dsa_cache_seqlens=(a["dsa_cache_seqlens"], rows),
+        dsa_cu_seqlens_k=(a["dsa_cu_seqlens_k"], rows + 1),
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # Target verify
 # ----------------------------------------------------------------------------------------------
@@ -364,15 +390,7 @@ def _verify_launch(a: Mapping[str, Any]) -> Optional[Launch]:
     if not isinstance(next_n, int) or next_n < 1:
         raise ValueError(f"next_n must be a positive int, got {next_n!r}")
     rows = bs * next_n
-    check_arguments(
-        a,
-        width,
-        cache_seqlens=(a["cache_seqlens"], bs),
-        cu_seqlens_k=(a["cu_seqlens_k"], bs + 1),
-        seqlens_expanded=(a["seqlens_expanded"], rows),
-        dsa_cache_seqlens=(a["dsa_cache_seqlens"], rows),
-        dsa_cu_seqlens_k=(a["dsa_cu_seqlens_k"], rows + 1),
-    )
+    check_expanded(a, width, rows)
     if bs == 0:
         zero_cumsum_heads(a["cu_seqlens_k"], a["dsa_cu_seqlens_k"])
         return None
@@ -392,11 +410,7 @@ def _verify_launch(a: Mapping[str, Any]) -> Optional[Launch]:
         a,
         width,
         tables,
-        cache_seqlens=a["cache_seqlens"],
-        cu_seqlens_k=a["cu_seqlens_k"],
-        seqlens_expanded=a["seqlens_expanded"],
-        dsa_cache_seqlens=a["dsa_cache_seqlens"],
-        dsa_cu_seqlens_k=a["dsa_cu_seqlens_k"],
+        **{name: a[name] for name in EXPANDED_OUTPUTS},
         paged_mqa_ctx_lens_2d=ctx_lens if has_ctx_lens else a["cache_seqlens"],
         ctx_lens_stride_0=ctx_lens.stride(0) if has_ctx_lens else 0,
         ctx_lens_stride_1=ctx_lens.stride(1) if has_ctx_lens else 0,
@@ -574,16 +588,7 @@ def fused_dsa_draft_extend_metadata_bounded(
 def _draft_extend_launch(a: Mapping[str, Any]) -> Optional[Launch]:
     bs, total_len, width = a["bs"], a["total_len"], a["max_seqlen_k"]
     max_extend_len, max_total_len = a["max_extend_len"], a["max_total_len"]
-    check_arguments(
-        a,
-        width,
-        extend_seq_lens=(a["extend_seq_lens"], bs),
-        cache_seqlens=(a["cache_seqlens"], bs),
-        cu_seqlens_k=(a["cu_seqlens_k"], bs + 1),
-        seqlens_expanded=(a["seqlens_expanded"], total_len),
-        dsa_cache_seqlens=(a["dsa_cache_seqlens"], total_len),
-        dsa_cu_seqlens_k=(a["dsa_cu_seqlens_k"], total_len + 1),
-    )
+    check_expanded(a, width, total_len, extend_seq_lens=(a["extend_seq_lens"], bs))
     if bs == 0:
         zero_cumsum_heads(a["cu_seqlens_k"], a["dsa_cu_seqlens_k"])
         return None
@@ -613,11 +618,7 @@ def _draft_extend_launch(a: Mapping[str, Any]) -> Optional[Launch]:
         width,
         tables,
         extend_seq_lens=a["extend_seq_lens"],
-        cache_seqlens=a["cache_seqlens"],
-        cu_seqlens_k=a["cu_seqlens_k"],
-        seqlens_expanded=a["seqlens_expanded"],
-        dsa_cache_seqlens=a["dsa_cache_seqlens"],
-        dsa_cu_seqlens_k=a["dsa_cu_seqlens_k"],
+        **{name: a[name] for name in EXPANDED_OUTPUTS},
         extend_seq_lens_stride=a["extend_seq_lens"].stride(0),
         total_len=total_len,
         STATIC_EXTEND_LEN=bool(a["static_extend_len"]),

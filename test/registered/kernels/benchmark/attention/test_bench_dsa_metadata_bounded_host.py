@@ -43,3 +43,17 @@ def test_a_dry_run_is_of_the_host_table_only(capsys):
         bench.main(["--dry-run"])
     assert done.value.code == 2
     assert "--host" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU form: plans with a stub launcher")
+def test_the_host_profile_times_every_part_of_every_op_through_a_plan(capsys):
+    profile = load_script(HERE / "profile_replay_metadata_host.py")
+    assert profile.main(["--bs", "1,2", "--calls", "3", "--rounds", "1", "--steps", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("| op |"))
+    assert header.split(" | ")[2:-1] == ["call", "fallback", "wrapper", *profile.PARTS]
+    rows = [line.split(" | ") for line in lines if line.startswith("| ") and "---" not in line][1:]
+    assert [(row[0].strip("| "), row[1]) for row in rows] == [
+        (op, bs) for op in profile.OPS for bs in ("1", "2")
+    ]
+    assert all(float(cell) > 0 for row in rows for cell in row[2:-1])

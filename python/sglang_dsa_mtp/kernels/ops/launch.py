@@ -16,11 +16,12 @@ call's variant on :func:`specialization_twin` buffers. Details: docs/switches.md
 from __future__ import annotations
 
 import inspect
+import itertools
 import operator
 import typing
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -50,8 +51,20 @@ def launch_path() -> str:
     )
 
 
+class Launch(NamedTuple):
+    """One JIT launch of a plan's kernel, as a wrapper's checks make it: the grid, every kernel
+    parameter by name (the per-call inputs among them), the fewest entries an input may have and
+    Triton's launch options (``num_warps``)."""
+
+    grid: tuple[int, ...]
+    arguments: dict[str, Any]
+    input_len: int
+    options: dict[str, Any]
+
+
 class _Plan:
-    """One key's compiled kernel, grid and launch arguments (but the inputs)."""
+    """One key's compiled kernel, grid and launch arguments (but the inputs), and the inputs'
+    dtype, stride and device it takes."""
 
     __slots__ = (
         "compiled",
@@ -69,34 +82,39 @@ class _Plan:
         "__weakref__",
     )
 
-    def accepts(self, inputs: Sequence[torch.Tensor]) -> bool:
-        if self.get_device() != self.device:
+    def launch(self, inputs: Sequence[torch.Tensor]) -> bool:
+        """Launch with ``inputs`` when the plan takes them (1-D, its dtypes and strides, at least
+        ``input_len`` entries, on its device, the current one); else False, nothing launched."""
+        device = self.device
+        if self.get_device() != device:
             return False
+        input_len = self.input_len
         for tensor, (dtype, stride) in zip(inputs, self.input_specs):
             if (
                 tensor.dtype is not dtype
-                or tensor.dim() != 1
-                or tensor.stride(0) != stride
-                or tensor.size(0) < self.input_len
-                or tensor.get_device() != self.device
+                or tensor.stride() != stride
+                or tensor.size(0) < input_len
+                or tensor.get_device() != device
             ):
                 return False
+        args = (*map(torch.Tensor.data_ptr, inputs), *self.rest)
+        stream = self.get_stream(device)
+        hooks = triton.knobs.runtime
+        enter, exit_ = _live_hook(hooks.launch_enter_hook), _live_hook(hooks.launch_exit_hook)
+        if enter is None and exit_ is None:  # no hook to call: the metadata would go unread
+            metadata = None
+        else:
+            metadata = self.compiled.launch_metadata(self.grid, stream, *args)
+        self.run(
+            *self.grid, stream, self.function, self.packed_metadata, metadata, enter, exit_, *args
+        )
         return True
 
-    def launch(self, inputs: Sequence[torch.Tensor]) -> None:
-        args = (*[t.data_ptr() for t in inputs], *self.rest)
-        stream = self.get_stream(self.device)
-        hooks = triton.knobs.runtime
-        self.run(
-            *self.grid,
-            stream,
-            self.function,
-            self.packed_metadata,
-            self.compiled.launch_metadata(self.grid, stream, *args),
-            hooks.launch_enter_hook,
-            hooks.launch_exit_hook,
-            *args,
-        )
+
+def _live_hook(hook):
+    """A launch hook as the launcher takes it: None where nothing would be called (no hook, or
+    Triton 3.8's ``HookChain`` with no hook in it; the launcher calls a hook unless it is None)."""
+    return None if hook is None or getattr(hook, "calls", None) == [] else hook
 
 
 class LaunchPlans:
@@ -105,8 +123,10 @@ class LaunchPlans:
 
     ``wrapper`` is the function that launches the kernel; its parameters named as the kernel's
     inputs are the per-call inputs, and its type hints say how :meth:`key` takes every other one.
-    ``tunables`` returns the module constants a launch also depends on (tile sizes, stages,
-    warps), read at every call: part of every key."""
+    ``prepare`` makes a call's :class:`Launch` from the wrapper's arguments by name, checking every
+    one (a clear error naming the argument), or returns None when the call needs no kernel (it did
+    its work itself). ``tunables`` returns the module constants a launch also depends on (tile
+    sizes, stages, warps), read at every call: part of every key."""
 
     def __init__(
         self,
@@ -114,13 +134,16 @@ class LaunchPlans:
         num_inputs: int,
         *,
         wrapper: Callable | None = None,
+        prepare: Callable[[Mapping[str, Any]], Launch | None] | None = None,
         tunables: Callable[[], tuple] = tuple,
         driver=None,
     ):
         self.kernel = kernel
         self.num_inputs = num_inputs
+        self.prepare = prepare
         self.tunables = tunables
         self.driver = driver  # None: Triton's active driver, looked up when a plan is made
+        self._inputs = _tuple_getter(list(kernel.arg_names[:num_inputs]))
         self._keyed = None if wrapper is None else _keyed_parameters(wrapper, kernel, num_inputs)
         self._plans: dict[tuple, _Plan] = {}
 
@@ -130,77 +153,66 @@ class LaunchPlans:
     def clear(self) -> None:
         self._plans.clear()
 
+    def __call__(self, arguments: Mapping[str, Any]) -> None:
+        """One call of the wrapper, from its arguments by name (its ``locals()`` on entry): through
+        the plan of its key when there is one that takes its inputs; else checked and launched by
+        ``prepare`` and Triton's JIT, which keeps a plan for the key."""
+        try:
+            key = self.key(arguments)
+            plan = self._plans.get(key)
+        except TypeError:  # an argument that makes no key: prepare's checks name it
+            key = plan = None
+        if plan is not None:
+            try:
+                if plan.launch(self._inputs(arguments)):
+                    return
+            except Exception:  # inputs that are not tensors: prepare's checks name them
+                pass
+        launch = self.prepare(arguments)
+        if launch is not None:
+            self.launch(self.key(arguments) if key is None else key, launch)
+
     def key(self, arguments: Mapping[str, Any]) -> tuple:
-        """The plan key of one call of the wrapper, from its arguments by name (its ``locals()``
-        on entry): every argument but the per-call inputs, a tensor (hinted ``torch.Tensor`` or
-        ``Optional[torch.Tensor]``) by its identity, a scalar (``int``, ``bool``, ...) by value,
-        anything else item by item; then the tunables. The one place a key is made: no argument
-        a launch depends on can be left out of it."""
+        """The plan key of one call of the wrapper, from its arguments by name: every argument but
+        the per-call inputs, a tensor (hinted ``torch.Tensor`` or ``Optional[torch.Tensor]``) by
+        its identity, a scalar (``int``, ``bool``, ...) by value, a sequence of tuples of tensors
+        (``Sequence[...]``) by the identity of each tensor, with one entry per item (its length);
+        then the tunables. The one place a key is made: no argument a launch depends on can be
+        left out of it."""
         if self._keyed is None:
             raise TypeError("these launch plans were made without a wrapper: they make no keys")
         by_value, by_identity, nested = self._keyed
         return (
-            by_value(arguments),
-            tuple(map(id, by_identity(arguments))),
-            tuple(map(_key_part, nested(arguments))),
-            self.tunables(),
+            *by_value(arguments),
+            *map(id, by_identity(arguments)),
+            *map(_sequence_key, nested(arguments)),
+            *self.tunables(),
         )
 
-    def launch_cached(self, key: tuple, inputs: Sequence[torch.Tensor]) -> bool:
-        """Launch through ``key``'s plan when there is one that accepts ``inputs``; else False
-        (the caller checks its arguments and calls :meth:`launch`)."""
-        try:
-            plan = self._plans.get(key)
-        except TypeError:  # an unhashable argument: the caller's checks name it
-            return False
-        if plan is None:
-            return False
-        try:
-            accepted = plan.accepts(inputs)
-        except Exception:  # not tensors: the caller's checks name the argument
-            return False
-        if not accepted:
-            return False
-        plan.launch(inputs)
-        return True
-
-    def launch(
-        self,
-        key: tuple,
-        grid: tuple[int, ...],
-        args: Sequence[Any],
-        constexprs: dict[str, Any],
-        *,
-        input_len: int,
-        **options,
-    ) -> None:
-        """Launch through Triton's JIT, ``kernel[grid](*args, **constexprs, **options)``, then keep
-        a plan for ``key`` (the caller has checked every argument). ``args`` are the leading
-        parameters, the inputs first (every other tensor among them is a buffer the plan holds
-        weakly); ``constexprs`` the remaining ones, by name; ``input_len`` the fewest entries an
-        input may have."""
-        compiled = self.kernel[grid](*args, **constexprs, **options)
+    def launch(self, key: tuple, launch: Launch) -> None:
+        """Launch through Triton's JIT, ``kernel[grid](**arguments, **options)``, then keep a plan
+        for ``key`` (the caller has checked every argument; every tensor argument but the inputs is
+        a buffer the plan holds weakly)."""
+        compiled = self.kernel[launch.grid](**launch.arguments, **launch.options)
         if not DIRECT_LAUNCH or not _is_compiled_kernel(compiled):
             return  # another Triton, the interpreter, or an asynchronous compile: the JIT path
-        names = self.kernel.arg_names[len(args) :]
-        inputs = args[: self.num_inputs]
+        names = self.kernel.arg_names
+        values = [launch.arguments[name] for name in names]
+        inputs = values[: self.num_inputs]
         plan = _Plan()
         plan.compiled = compiled
         plan.run = compiled.run
         plan.function = compiled.function
         plan.packed_metadata = compiled.packed_metadata
-        plan.grid = tuple(grid) + (1,) * (3 - len(grid))
+        plan.grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
         active = self.driver or triton.runtime.driver.active
         plan.get_device = active.get_current_device
         plan.get_stream = active.get_current_stream
         plan.device = plan.get_device()
-        plan.input_specs = tuple((t.dtype, t.stride(0)) for t in inputs)
-        plan.input_len = input_len
-        plan.rest = (
-            *(_addresses(a) for a in args[self.num_inputs :]),
-            *(constexprs[name] for name in names),
-        )
-        self._store(key, plan, list(_tensors(args[self.num_inputs :])))
+        plan.input_specs = tuple((t.dtype, t.stride()) for t in inputs)
+        plan.input_len = launch.input_len
+        plan.rest = tuple(_addresses(v) for v in values[self.num_inputs :])
+        self._store(key, plan, list(_tensors(values[self.num_inputs :])))
 
     def _store(self, key: tuple, plan: _Plan, buffers: Sequence[torch.Tensor]) -> None:
         if len(self._plans) >= MAX_PLANS:
@@ -220,7 +232,7 @@ _SCALARS = (int, bool, float, str, type(None))
 
 def _keyed_parameters(wrapper, kernel, num_inputs: int):
     """Getters of ``wrapper``'s parameters but the kernel's inputs, split by their type hints:
-    (scalars, tensors, anything else), each returning a tuple."""
+    (scalars, tensors, sequences), each returning a tuple."""
     inputs = kernel.arg_names[:num_inputs]
     hints = typing.get_type_hints(wrapper)
     names = list(inspect.signature(wrapper).parameters)
@@ -251,12 +263,10 @@ def _tuple_getter(names: list[str]) -> Callable[[Mapping[str, Any]], tuple]:
     return lambda arguments: ()
 
 
-def _key_part(value):
-    if isinstance(value, torch.Tensor):
-        return id(value)
-    if isinstance(value, (list, tuple)):
-        return tuple(_key_part(item) for item in value)
-    return value
+def _sequence_key(value) -> tuple:
+    """A sequence of tuples of tensors (or None) as a key part: its length, then the identity of
+    every item's every entry."""
+    return (len(value), *map(id, itertools.chain.from_iterable(value)))
 
 
 def _addresses(arg):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops import launch
-from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans, specialization_twin
+from sglang_dsa_mtp.kernels.ops.launch import Launch, LaunchPlans, specialization_twin
 
 
 class FakeCompiled:
@@ -51,13 +51,35 @@ class FakeKernel:
 DRIVER = SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda device: 77)
 
 
+def wrapper(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, out: torch.Tensor, n: int):
+    """The signature the plans key: the kernel's two inputs, a buffer and a scalar."""
+
+
+def make_plans(kernel, driver=DRIVER, prepared=None):
+    """Plans of ``kernel`` for :func:`wrapper`, whose checks (``prepare``) append to ``prepared``."""
+
+    def prepare(a):
+        if prepared is not None:
+            prepared.append(a["n"])
+        for name in ("seq_lens", "req_pool_indices"):
+            if not isinstance(a[name], torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor")
+        arguments = dict(
+            seq_lens=a["seq_lens"],
+            req_pool_indices=a["req_pool_indices"],
+            out=a["out"],
+            stride=a["seq_lens"].stride(0),
+            n=a["n"],
+            BLOCK=4,
+        )
+        return Launch((1 + a["n"],), arguments, input_len=a["n"], options=dict(num_warps=4))
+
+    return LaunchPlans(kernel, num_inputs=2, wrapper=wrapper, prepare=prepare, driver=driver)
+
+
 def call(plans, out, seq_lens, req_pool_indices, n=3):
-    """A wrapper's body: the key, the plan, else the JIT path (which keeps a plan)."""
-    key = (n, id(out))
-    if plans.launch_cached(key, (seq_lens, req_pool_indices)):
-        return
-    args = (seq_lens, req_pool_indices, out, seq_lens.stride(0), n)
-    plans.launch(key, (1 + n,), args, dict(BLOCK=4), input_len=n, num_warps=4)
+    """One call of the wrapper: through its key's plan, else checked and launched by the JIT."""
+    plans(dict(seq_lens=seq_lens, req_pool_indices=req_pool_indices, out=out, n=n))
 
 
 @pytest.fixture
@@ -67,20 +89,57 @@ def inputs():
 
 @pytest.mark.quick
 def test_a_second_call_launches_through_the_plan_with_the_jit_arguments(inputs):
+    prepared = []
     kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    plans = make_plans(kernel, prepared=prepared)
     call(plans, out, *inputs)
     other = (torch.ones(5, dtype=torch.int64), torch.ones(6, dtype=torch.int64))
     call(plans, out, *other)
     assert len(kernel.jit_calls) == 1 and len(plans) == 1
+    assert prepared == [3], "the plan's launch checked its arguments again"
     (launched,) = kernel.compiled.launches
-    grid_and_stream = (4, 1, 1, 77, "function", "packed", ("metadata", (4, 1, 1)))
-    knobs = launch.triton.knobs.runtime
-    hooks = (knobs.launch_enter_hook, knobs.launch_exit_hook)
-    assert launched[:7] == grid_and_stream
-    assert launched[7:9] == hooks
+    # No launch hook to call (Triton 3.8: empty hook chains): no hooks, no launch metadata.
+    assert launched[:9] == (4, 1, 1, 77, "function", "packed", None, None, None)
     # Every parameter, in order, tensors by address: the new inputs, then the JIT call's others.
     assert launched[9:] == (other[0].data_ptr(), other[1].data_ptr(), out.data_ptr(), 1, 3, 4)
+
+
+def test_with_a_launch_hook_the_plan_passes_the_hooks_and_the_kernels_launch_metadata(
+    inputs, monkeypatch
+):
+    def enter(metadata):
+        pass
+
+    knobs = launch.triton.knobs.runtime
+    monkeypatch.setattr(knobs, "launch_enter_hook", enter)
+    monkeypatch.setattr(knobs, "launch_exit_hook", None)
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    plans = make_plans(kernel)
+    for _ in range(2):
+        call(plans, out, *inputs)
+    (launched,) = kernel.compiled.launches
+    assert launched[6:9] == (("metadata", (4, 1, 1)), enter, None)
+
+
+def test_a_hook_added_to_triton_3_8s_chain_is_called_with_the_launch_metadata(inputs):
+    """Triton 3.8 holds its launch hooks in chains: a hook added after the plan was made runs."""
+    chain = launch.triton.knobs.runtime.launch_exit_hook
+    if not hasattr(chain, "calls"):
+        pytest.skip(f"Triton {launch.TRITON_VERSION} has no launch hook chains")
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    plans = make_plans(kernel)
+    call(plans, out, *inputs)
+
+    def exit_hook(metadata):
+        pass
+
+    chain.add(exit_hook)
+    try:
+        call(plans, out, *inputs)
+    finally:
+        chain.remove(exit_hook)
+    (launched,) = kernel.compiled.launches
+    assert launched[6:9] == (("metadata", (4, 1, 1)), None, chain)
 
 
 @pytest.mark.parametrize(
@@ -90,21 +149,31 @@ def test_a_second_call_launches_through_the_plan_with_the_jit_arguments(inputs):
         lambda s, r: (s[::2], r),
         lambda s, r: (s[:2], r),
         lambda s, r: (s.view(2, 4), r),
-        lambda s, r: (s, "not a tensor"),
     ],
-    ids=["dtype", "stride", "too-short", "2-D", "not-a-tensor"],
+    ids=["dtype", "stride", "too-short", "2-D"],
 )
 def test_inputs_the_plan_was_not_built_for_take_the_jit_path(inputs, change):
+    prepared = []
     kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    plans = make_plans(kernel, prepared=prepared)
     call(plans, out, *inputs)
-    assert not plans.launch_cached((3, id(out)), change(*inputs))
+    call(plans, out, *change(*inputs))
+    assert len(kernel.jit_calls) == 2 and prepared == [3, 3]
+    assert kernel.compiled.launches == []
+
+
+def test_an_input_that_is_not_a_tensor_gets_the_checks_error_not_the_plan(inputs):
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    plans = make_plans(kernel)
+    call(plans, out, *inputs)
+    with pytest.raises(TypeError, match="req_pool_indices must be a torch.Tensor"):
+        call(plans, out, inputs[0], "not a tensor")
     assert kernel.compiled.launches == []
 
 
 def test_a_plan_is_dropped_when_one_of_its_buffers_is_freed(inputs):
     kernel = FakeKernel()
-    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    plans = make_plans(kernel)
     out = torch.zeros(4, dtype=torch.int32)
     call(plans, out, *inputs)
     assert len(plans) == 1
@@ -117,7 +186,7 @@ def test_another_device_takes_the_jit_path(inputs):
     device = [-1]
     driver = SimpleNamespace(get_current_device=lambda: device[0], get_current_stream=lambda d: 0)
     kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = LaunchPlans(kernel, num_inputs=2, driver=driver)
+    plans = make_plans(kernel, driver)
     call(plans, out, *inputs)
     device[0] = 1
     call(plans, out, *inputs)
@@ -127,7 +196,7 @@ def test_another_device_takes_the_jit_path(inputs):
 def test_no_plan_without_a_compiled_kernel(inputs):
     """Triton's interpreter returns no compiled kernel: every call takes the JIT path."""
     kernel, out = FakeKernel(compiled=False), torch.zeros(4, dtype=torch.int32)
-    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    plans = make_plans(kernel)
     for _ in range(2):
         call(plans, out, *inputs)
     assert len(kernel.jit_calls) == 2 and len(plans) == 0
@@ -137,7 +206,7 @@ def test_a_triton_release_outside_the_known_launchers_takes_the_jit_path(inputs,
     """The launcher's arguments are Triton's private interface: another release never gets a plan."""
     monkeypatch.setattr(launch, "DIRECT_LAUNCH", False)
     kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    plans = make_plans(kernel)
     for _ in range(2):
         call(plans, out, *inputs)
     assert len(kernel.jit_calls) == 2 and len(plans) == 0
@@ -165,7 +234,7 @@ def test_plans_launch_directly_on_triton_3_4_to_3_8_only(triton_release, version
 def test_plans_past_the_cap_are_dropped_and_rebuilt(inputs, monkeypatch):
     monkeypatch.setattr(launch, "MAX_PLANS", 2)
     kernel = FakeKernel()
-    plans = LaunchPlans(kernel, num_inputs=2, driver=DRIVER)
+    plans = make_plans(kernel)
     outs = [torch.zeros(4, dtype=torch.int32) for _ in range(3)]
     for out in outs:
         call(plans, out, *inputs)
@@ -234,5 +303,5 @@ def test_a_key_takes_tensors_by_identity_scalars_by_value_and_lists_item_by_item
     plans = LaunchPlans(FakeKernel(), num_inputs=2, wrapper=wrapper, tunables=lambda: (7,))
     out, other = torch.zeros(2), torch.zeros(2)
     arguments = dict(seq_lens=out, req_pool_indices=out, out=out, n=3, flag=True, outs=[(other,)])
-    assert plans.key(arguments) == ((3, True), (id(out),), (((id(other),),),), (7,))
+    assert plans.key(arguments) == (3, True, id(out), (1, id(other)), 7)
     assert plans.key({**arguments, "seq_lens": other}) == plans.key(arguments)

@@ -18,22 +18,23 @@ page-start entries of that region in ``real_page_table``. Everything else keeps 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from typing import NamedTuple, Optional
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Optional
 
 import torch
 
-from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
-from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import bounded_decode_metadata_kernel
+from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import (
+    LENGTH_VECTORS,
+    bounded_decode_metadata_kernel,
+    decode_launch,
+)
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
-    block_requests,
-    bounded_num_programs,
     check_common,
     page_tables,
     tuning,
+    zero_cumsum_heads,
 )
-from sglang_dsa_mtp.kernels.ops.host import default_budget
-from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans
+from sglang_dsa_mtp.kernels.ops.launch import Launch, LaunchPlans
 
 MAX_DESTINATIONS = 4  # draft step backends one launch serves (EAGLE speculative_num_steps <= 5)
 
@@ -75,89 +76,42 @@ def fused_dsa_draft_decode_metadata_multi(
     :func:`~sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded.fused_dsa_decode_metadata_bounded`);
     None uses :func:`~sglang_dsa_mtp.kernels.ops.host.default_budget`.
     """
-    key = _PLANS.key(locals())
-    if _PLANS.launch_cached(key, (seq_lens, req_pool_indices)):
-        return
+    _PLANS(locals())
+
+
+def _one_launch(a: Mapping[str, Any]) -> Optional[Launch]:
+    bs, width = a["bs"], a["max_len"]
     destinations = _check_destinations(
-        seq_lens,
-        req_pool_indices,
-        req_to_token,
-        destinations,
+        a["seq_lens"],
+        a["req_pool_indices"],
+        a["req_to_token"],
+        a["destinations"],
         bs,
-        max_len,
-        physical_page_size,
-        budget,
+        width,
+        a["physical_page_size"],
+        a["budget"],
     )
     if bs == 0:
-        for dest in destinations:
-            dest.cu_seqlens_k[:1].zero_()
-            dest.dsa_cu_seqlens_k[:1].zero_()
-        return
-    tables = [
-        page_tables(
-            dest.page_table_1,
-            dest.real_page_table,
-            bs,
-            max_len,
-            physical_page_size,
-            req_to_token.device,
+        zero_cumsum_heads(
+            *(cu for d in destinations for cu in (d.cu_seqlens_k, d.dsa_cu_seqlens_k))
         )
-        for dest in destinations
+        return None
+    device = a["req_to_token"].device
+    page_size = a["physical_page_size"]
+    tables = [
+        page_tables(d.page_table_1, d.real_page_table, bs, width, page_size, device)
+        for d in destinations
     ]
-    _, _, has_pt1, has_real = tables[0]
-    # One tuple per buffer, of every destination's (a table not written is a stand-in).
-    page_table_1, real_page_table = (tuple(t[i] for t in tables) for i in (0, 1))
-    buffers = [tuple(getattr(d, name) for d in destinations) for name in _LENGTHS]
-    budget = default_budget(seq_lens.device) if budget is None else budget
-    num_programs = bounded_num_programs(bs, max_len, budget)
-    _PLANS.launch(
-        key,
-        (1 + num_programs,),
-        (
-            seq_lens,
-            req_pool_indices,
-            req_to_token,
-            buffers[0],
-            buffers[1],
-            page_table_1,
-            buffers[2],
-            buffers[3],
-            real_page_table,
-            seq_lens.stride(0),
-            req_pool_indices.stride(0),
-            req_to_token.stride(0),
-            req_to_token.stride(1),
-            page_table_1[0].stride(0),
-            page_table_1[0].stride(1),
-            real_page_table[0].stride(0),
-            real_page_table[0].stride(1),
-            bs,
-            max_len,
-            num_programs,
-            dsa_index_topk,
-            physical_page_size,
-            has_pt1,
-            has_real,
-        ),
-        dict(
-            BLOCK_BS=block_requests(bs),
-            BLOCK_N=common.BLOCK_N,
-            TILE_N=common.TILE_N,
-            NUM_STAGES=common.NUM_STAGES,
-        ),
-        input_len=bs,
-        num_warps=common.NUM_WARPS,
-    )
+    return decode_launch(a, width, [d._asdict() for d in destinations], tables)
 
 
 _PLANS = LaunchPlans(
     bounded_decode_metadata_kernel,
     num_inputs=2,
     wrapper=fused_dsa_draft_decode_metadata_multi,
+    prepare=_one_launch,
     tunables=tuning,
 )
-# The length vectors of a destination, in the kernel's parameter order.
-_LENGTHS = ("cache_seqlens", "cu_seqlens_k", "dsa_cache_seqlens", "dsa_cu_seqlens_k")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,7 +171,7 @@ def _check_destinations(
                 dsa_cache_seqlens=(dest.dsa_cache_seqlens, bs),
                 dsa_cu_seqlens_k=(dest.dsa_cu_seqlens_k, bs + 1),
             )
-            for name in ("cache_seqlens", "cu_seqlens_k", "dsa_cache_seqlens", "dsa_cu_seqlens_k"):
+            for name in LENGTH_VECTORS:
                 tensor = getattr(dest, name)
                 if tensor.stride(0) != 1:
                     raise ValueError(f"{name} must be contiguous, got stride {tensor.stride(0)}")

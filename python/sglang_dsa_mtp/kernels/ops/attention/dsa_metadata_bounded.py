@@ -17,17 +17,16 @@ tuples of destination buffers: one for the decode replay, one per MTP draft step
 
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
-    block_requests,
-    bounded_num_programs,
-    check_common,
+    bounded_launch,
+    check_arguments,
     check_int32,
     copy_live_tiles,
     page_tables,
@@ -35,9 +34,10 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
     store_expanded_seqlens,
     store_request_seqlens,
     tuning,
+    zero_cumsum_heads,
 )
-from sglang_dsa_mtp.kernels.ops.host import default_budget, next_power_of_2
-from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans
+from sglang_dsa_mtp.kernels.ops.host import next_power_of_2
+from sglang_dsa_mtp.kernels.ops.launch import Launch, LaunchPlans
 
 # ----------------------------------------------------------------------------------------------
 # Decode
@@ -161,68 +161,43 @@ def fused_dsa_decode_metadata_bounded(
     ``physical_page_size > 1`` (only ``real_page_table`` is written); with page size 1
     ``real_page_table`` is ``page_table_1``.
     """
-    key = _DECODE_PLANS.key(locals())
-    if _DECODE_PLANS.launch_cached(key, (seq_lens, req_pool_indices)):
-        return
-    check_common(
-        seq_lens,
-        req_pool_indices,
-        req_to_token,
-        bs,
-        max_len,
-        physical_page_size,
-        budget,
-        cache_seqlens=(cache_seqlens, bs),
-        cu_seqlens_k=(cu_seqlens_k, bs + 1),
-        dsa_cache_seqlens=(dsa_cache_seqlens, bs),
-        dsa_cu_seqlens_k=(dsa_cu_seqlens_k, bs + 1),
+    _DECODE_PLANS(locals())
+
+
+def _decode_launch(a: Mapping[str, Any]) -> Optional[Launch]:
+    bs, width = a["bs"], a["max_len"]
+    check_arguments(
+        a,
+        width,
+        cache_seqlens=(a["cache_seqlens"], bs),
+        cu_seqlens_k=(a["cu_seqlens_k"], bs + 1),
+        dsa_cache_seqlens=(a["dsa_cache_seqlens"], bs),
+        dsa_cu_seqlens_k=(a["dsa_cu_seqlens_k"], bs + 1),
     )
     if bs == 0:
-        cu_seqlens_k[:1].zero_()
-        dsa_cu_seqlens_k[:1].zero_()
-        return
-    page_table_1, real_page_table, has_pt1, has_real = page_tables(
-        page_table_1, real_page_table, bs, max_len, physical_page_size, req_to_token.device
+        zero_cumsum_heads(a["cu_seqlens_k"], a["dsa_cu_seqlens_k"])
+        return None
+    tables = page_tables(
+        a["page_table_1"],
+        a["real_page_table"],
+        bs,
+        width,
+        a["physical_page_size"],
+        a["req_to_token"].device,
     )
-    budget = default_budget(seq_lens.device) if budget is None else budget
-    num_programs = bounded_num_programs(bs, max_len, budget)
-    _DECODE_PLANS.launch(
-        key,
-        (1 + num_programs,),
-        (
-            seq_lens,
-            req_pool_indices,
-            req_to_token,
-            (cache_seqlens,),
-            (cu_seqlens_k,),
-            (page_table_1,),
-            (dsa_cache_seqlens,),
-            (dsa_cu_seqlens_k,),
-            (real_page_table,),
-            seq_lens.stride(0),
-            req_pool_indices.stride(0),
-            req_to_token.stride(0),
-            req_to_token.stride(1),
-            page_table_1.stride(0),
-            page_table_1.stride(1),
-            real_page_table.stride(0),
-            real_page_table.stride(1),
-            bs,
-            max_len,
-            num_programs,
-            dsa_index_topk,
-            physical_page_size,
-            has_pt1,
-            has_real,
-        ),
-        dict(
-            BLOCK_BS=block_requests(bs),
-            BLOCK_N=common.BLOCK_N,
-            TILE_N=common.TILE_N,
-            NUM_STAGES=common.NUM_STAGES,
-        ),
-        input_len=bs,
-        num_warps=common.NUM_WARPS,
+    return decode_launch(a, width, [a], [tables])
+
+
+def decode_launch(
+    a: Mapping[str, Any], width: int, destinations: Sequence, tables: Sequence[tuple]
+) -> Launch:
+    """The decode kernel's launch into every one of ``destinations`` (checked: mappings of the
+    length vectors by name), with each one's :func:`page_tables` in ``tables``."""
+    return bounded_launch(
+        a,
+        width,
+        (*(tuple(t[i] for t in tables) for i in (0, 1)), *tables[0][2:]),
+        **{name: tuple(dest[name] for dest in destinations) for name in LENGTH_VECTORS},
     )
 
 
@@ -230,8 +205,37 @@ _DECODE_PLANS = LaunchPlans(
     bounded_decode_metadata_kernel,
     num_inputs=2,
     wrapper=fused_dsa_decode_metadata_bounded,
+    prepare=_decode_launch,
     tunables=tuning,
 )
+# A decode destination's length vectors, as the decode kernel and its wrapper name them.
+LENGTH_VECTORS = ("cache_seqlens", "cu_seqlens_k", "dsa_cache_seqlens", "dsa_cu_seqlens_k")
+
+
+# The outputs of target verify and draft extend, as their kernels and wrappers name them.
+EXPANDED_OUTPUTS = (
+    "cache_seqlens",
+    "cu_seqlens_k",
+    "seqlens_expanded",
+    "dsa_cache_seqlens",
+    "dsa_cu_seqlens_k",
+)
+
+
+def check_expanded(a: Mapping[str, Any], width: int, rows: int, **inputs) -> None:
+    """:func:`check_arguments` of target verify and draft extend: ``inputs``, then the per-request
+    length vectors and those of their ``rows`` expanded rows."""
+    bs = a["bs"]
+    check_arguments(
+        a,
+        width,
+        **inputs,
+        cache_seqlens=(a["cache_seqlens"], bs),
+        cu_seqlens_k=(a["cu_seqlens_k"], bs + 1),
+        seqlens_expanded=(a["seqlens_expanded"], rows),
+        dsa_cache_seqlens=(a["dsa_cache_seqlens"], rows),
+        dsa_cu_seqlens_k=(a["dsa_cu_seqlens_k"], rows + 1),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,93 +377,46 @@ def fused_dsa_target_verify_metadata_bounded(
     Each request's ``next_n`` expanded page-table rows are written from one read of its
     ``req_to_token`` row. ``budget`` as in :func:`fused_dsa_decode_metadata_bounded`.
     """
-    key = _VERIFY_PLANS.key(locals())
-    if _VERIFY_PLANS.launch_cached(key, (seq_lens, req_pool_indices)):
-        return
-    rows = bs * next_n
-    check_common(
-        seq_lens,
-        req_pool_indices,
-        req_to_token,
-        bs,
-        max_seqlen_k,
-        physical_page_size,
-        budget,
-        cache_seqlens=(cache_seqlens, bs),
-        cu_seqlens_k=(cu_seqlens_k, bs + 1),
-        seqlens_expanded=(seqlens_expanded, rows),
-        dsa_cache_seqlens=(dsa_cache_seqlens, rows),
-        dsa_cu_seqlens_k=(dsa_cu_seqlens_k, rows + 1),
+    _VERIFY_PLANS(locals())
+
+
+def _verify_launch(a: Mapping[str, Any]) -> Optional[Launch]:
+    bs, next_n, width, ctx_lens = (
+        a["bs"],
+        a["next_n"],
+        a["max_seqlen_k"],
+        a["paged_mqa_ctx_lens_2d"],
     )
-    if bs == 0:
-        cu_seqlens_k[:1].zero_()
-        dsa_cu_seqlens_k[:1].zero_()
-        return
     if not isinstance(next_n, int) or next_n < 1:
         raise ValueError(f"next_n must be a positive int, got {next_n!r}")
-    page_table_1, real_page_table, has_pt1, has_real = page_tables(
-        page_table_1,
-        real_page_table,
-        rows,
-        max_seqlen_k,
-        physical_page_size,
-        req_to_token.device,
+    rows = bs * next_n
+    check_expanded(a, width, rows)
+    if bs == 0:
+        zero_cumsum_heads(a["cu_seqlens_k"], a["dsa_cu_seqlens_k"])
+        return None
+    device = a["req_to_token"].device
+    tables = page_tables(
+        a["page_table_1"], a["real_page_table"], rows, width, a["physical_page_size"], device
     )
-    has_ctx_lens = paged_mqa_ctx_lens_2d is not None
+    has_ctx_lens = ctx_lens is not None
     if has_ctx_lens:
-        check_int32("paged_mqa_ctx_lens_2d", paged_mqa_ctx_lens_2d, req_to_token.device, ndim=2)
-        if tuple(paged_mqa_ctx_lens_2d.shape) != (bs, next_n):
+        check_int32("paged_mqa_ctx_lens_2d", ctx_lens, device, ndim=2)
+        if tuple(ctx_lens.shape) != (bs, next_n):
             raise ValueError(
                 f"paged_mqa_ctx_lens_2d must have shape (bs, next_n) = ({bs}, {next_n}), "
-                f"got {tuple(paged_mqa_ctx_lens_2d.shape)}"
+                f"got {tuple(ctx_lens.shape)}"
             )
-    ctx_lens = paged_mqa_ctx_lens_2d if has_ctx_lens else cache_seqlens
-    budget = default_budget(seq_lens.device) if budget is None else budget
-    num_programs = bounded_num_programs(bs, max_seqlen_k, budget)
-    _VERIFY_PLANS.launch(
-        key,
-        (1 + num_programs,),
-        (
-            seq_lens,
-            req_pool_indices,
-            req_to_token,
-            cache_seqlens,
-            cu_seqlens_k,
-            page_table_1,
-            seqlens_expanded,
-            dsa_cache_seqlens,
-            dsa_cu_seqlens_k,
-            real_page_table,
-            ctx_lens,
-            seq_lens.stride(0),
-            req_pool_indices.stride(0),
-            req_to_token.stride(0),
-            req_to_token.stride(1),
-            page_table_1.stride(0),
-            page_table_1.stride(1),
-            real_page_table.stride(0),
-            real_page_table.stride(1),
-            paged_mqa_ctx_lens_2d.stride(0) if has_ctx_lens else 0,
-            paged_mqa_ctx_lens_2d.stride(1) if has_ctx_lens else 0,
-            bs,
-            max_seqlen_k,
-            num_programs,
-            dsa_index_topk,
-            next_n,
-            physical_page_size,
-            has_pt1,
-            has_real,
-            has_ctx_lens,
-        ),
-        dict(
-            BLOCK_BS=block_requests(bs),
-            BLOCK_EXPANDED=next_power_of_2(rows),
-            BLOCK_N=common.BLOCK_N,
-            TILE_N=common.TILE_N,
-            NUM_STAGES=common.NUM_STAGES,
-        ),
-        input_len=bs,
-        num_warps=common.NUM_WARPS,
+    return bounded_launch(
+        a,
+        width,
+        tables,
+        **{name: a[name] for name in EXPANDED_OUTPUTS},
+        paged_mqa_ctx_lens_2d=ctx_lens if has_ctx_lens else a["cache_seqlens"],
+        ctx_lens_stride_0=ctx_lens.stride(0) if has_ctx_lens else 0,
+        ctx_lens_stride_1=ctx_lens.stride(1) if has_ctx_lens else 0,
+        next_n=next_n,
+        HAS_CTX_LENS_2D=has_ctx_lens,
+        BLOCK_EXPANDED=next_power_of_2(rows),
     )
 
 
@@ -467,6 +424,7 @@ _VERIFY_PLANS = LaunchPlans(
     _bounded_target_verify_metadata_kernel,
     num_inputs=2,
     wrapper=fused_dsa_target_verify_metadata_bounded,
+    prepare=_verify_launch,
     tunables=tuning,
 )
 
@@ -624,35 +582,22 @@ def fused_dsa_draft_extend_metadata_bounded(
     Each request's ``extend_seq_lens[r]`` page-table rows (at most ``next_power_of_2(max_extend_len)``,
     as in SGLang) are written from one read of its ``req_to_token`` row.
     """
-    key = _DRAFT_EXTEND_PLANS.key(locals())
-    if _DRAFT_EXTEND_PLANS.launch_cached(key, (seq_lens, extend_seq_lens, req_pool_indices)):
-        return
-    check_common(
-        seq_lens,
-        req_pool_indices,
-        req_to_token,
-        bs,
-        max_seqlen_k,
-        physical_page_size,
-        budget,
-        extend_seq_lens=(extend_seq_lens, bs),
-        cache_seqlens=(cache_seqlens, bs),
-        cu_seqlens_k=(cu_seqlens_k, bs + 1),
-        seqlens_expanded=(seqlens_expanded, total_len),
-        dsa_cache_seqlens=(dsa_cache_seqlens, total_len),
-        dsa_cu_seqlens_k=(dsa_cu_seqlens_k, total_len + 1),
-    )
+    _DRAFT_EXTEND_PLANS(locals())
+
+
+def _draft_extend_launch(a: Mapping[str, Any]) -> Optional[Launch]:
+    bs, total_len, width = a["bs"], a["total_len"], a["max_seqlen_k"]
+    max_extend_len, max_total_len = a["max_extend_len"], a["max_total_len"]
+    check_expanded(a, width, total_len, extend_seq_lens=(a["extend_seq_lens"], bs))
     if bs == 0:
-        cu_seqlens_k[:1].zero_()
-        dsa_cu_seqlens_k[:1].zero_()
-        return
+        zero_cumsum_heads(a["cu_seqlens_k"], a["dsa_cu_seqlens_k"])
+        return None
     if total_len == 0:
-        lengths = seq_lens.to(torch.int32)
-        cache_seqlens[:bs].copy_(lengths[:bs])
-        cu_seqlens_k[:1].zero_()
-        cu_seqlens_k[1 : bs + 1].copy_(torch.cumsum(lengths, dim=0, dtype=torch.int32))
-        dsa_cu_seqlens_k[:1].zero_()
-        return
+        lengths = a["seq_lens"].to(torch.int32)
+        a["cache_seqlens"][:bs].copy_(lengths[:bs])
+        a["cu_seqlens_k"][1 : bs + 1].copy_(torch.cumsum(lengths, dim=0, dtype=torch.int32))
+        zero_cumsum_heads(a["cu_seqlens_k"], a["dsa_cu_seqlens_k"])
+        return None
     if max_extend_len < 1:
         raise ValueError(f"max_extend_len must be >= 1, got {max_extend_len}")
     if not total_len <= min(max_total_len, bs * max_extend_len):
@@ -660,60 +605,25 @@ def fused_dsa_draft_extend_metadata_bounded(
             f"total_len ({total_len}) must be <= max_total_len ({max_total_len}) "
             f"and <= bs * max_extend_len ({bs * max_extend_len})"
         )
-    page_table_1, real_page_table, has_pt1, has_real = page_tables(
-        page_table_1,
-        real_page_table,
+    tables = page_tables(
+        a["page_table_1"],
+        a["real_page_table"],
         total_len,
-        max_seqlen_k,
-        physical_page_size,
-        req_to_token.device,
+        width,
+        a["physical_page_size"],
+        a["req_to_token"].device,
     )
-    budget = default_budget(seq_lens.device) if budget is None else budget
-    num_programs = bounded_num_programs(bs, max_seqlen_k, budget)
-    _DRAFT_EXTEND_PLANS.launch(
-        key,
-        (1 + num_programs,),
-        (
-            seq_lens,
-            extend_seq_lens,
-            req_pool_indices,
-            req_to_token,
-            cache_seqlens,
-            cu_seqlens_k,
-            page_table_1,
-            seqlens_expanded,
-            dsa_cache_seqlens,
-            dsa_cu_seqlens_k,
-            real_page_table,
-            seq_lens.stride(0),
-            extend_seq_lens.stride(0),
-            req_pool_indices.stride(0),
-            req_to_token.stride(0),
-            req_to_token.stride(1),
-            page_table_1.stride(0),
-            page_table_1.stride(1),
-            real_page_table.stride(0),
-            real_page_table.stride(1),
-            bs,
-            total_len,
-            max_seqlen_k,
-            num_programs,
-            dsa_index_topk,
-            physical_page_size,
-            has_pt1,
-            has_real,
-            bool(static_extend_len),
-        ),
-        dict(
-            BLOCK_BS=block_requests(bs),
-            BLOCK_EXPANDED=next_power_of_2(max_total_len),
-            BLOCK_ROWS=next_power_of_2(max_extend_len),
-            BLOCK_N=common.BLOCK_N,
-            TILE_N=common.TILE_N,
-            NUM_STAGES=common.NUM_STAGES,
-        ),
-        input_len=bs,
-        num_warps=common.NUM_WARPS,
+    return bounded_launch(
+        a,
+        width,
+        tables,
+        extend_seq_lens=a["extend_seq_lens"],
+        **{name: a[name] for name in EXPANDED_OUTPUTS},
+        extend_seq_lens_stride=a["extend_seq_lens"].stride(0),
+        total_len=total_len,
+        STATIC_EXTEND_LEN=bool(a["static_extend_len"]),
+        BLOCK_EXPANDED=next_power_of_2(max_total_len),
+        BLOCK_ROWS=next_power_of_2(max_extend_len),
     )
 
 
@@ -721,5 +631,6 @@ _DRAFT_EXTEND_PLANS = LaunchPlans(
     _bounded_draft_extend_metadata_kernel,
     num_inputs=3,
     wrapper=fused_dsa_draft_extend_metadata_bounded,
+    prepare=_draft_extend_launch,
     tunables=tuning,
 )

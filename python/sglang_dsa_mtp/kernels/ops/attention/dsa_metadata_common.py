@@ -12,11 +12,15 @@ keeps its contents. Details: docs/switches.md, section "Bounded replay-metadata 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
-from sglang_dsa_mtp.kernels.ops.host import cdiv, next_power_of_2
+from sglang_dsa_mtp.kernels.ops.host import cdiv, default_budget, next_power_of_2
+from sglang_dsa_mtp.kernels.ops.launch import Launch
 
 BLOCK_N = 128  # SGLang's column block: the write region is whole blocks of this many columns
 TILE_N = 1024  # columns one program moves per loop iteration (a multiple of BLOCK_N)
@@ -162,15 +166,27 @@ def copy_live_tiles(
 def _request_facts(req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts, slots):
     """Request ``req``'s last global tile + 1, its first global tile, its live end (columns), its
     first output row (int64), its number of rows and its slot (int64), from the per-request
-    vectors (all 0 for a ``req`` past the lanes)."""
+    vectors (all 0 for a ``req`` past the lanes). One reduction of the six lanes' tuple: ``req``'s
+    lane is the only one not zeroed, so each sum is that lane's value."""
     this = offs_b == req
-    tile_end = tl.sum(tl.where(this, tiles_end, 0), 0)
-    tile_start = tile_end - tl.sum(tl.where(this, tiles, 0), 0)
-    end = tl.sum(tl.where(this, live_end, 0), 0)
-    first_row = tl.sum(tl.where(this, first_rows, 0), 0).to(tl.int64)
-    num_rows = tl.sum(tl.where(this, row_counts, 0), 0)
-    slot = tl.sum(tl.where(this, slots, 0), 0)
-    return tile_end, tile_start, end, first_row, num_rows, slot
+    tile_end, req_tiles, end, first_row, num_rows, slot = tl.reduce(
+        (
+            tl.where(this, tiles_end, 0),
+            tl.where(this, tiles, 0),
+            tl.where(this, live_end, 0),
+            tl.where(this, first_rows, 0),
+            tl.where(this, row_counts, 0),
+            tl.where(this, slots, 0),
+        ),
+        0,
+        _add_each,
+    )
+    return tile_end, tile_end - req_tiles, end, first_row.to(tl.int64), num_rows, slot
+
+
+@triton.jit
+def _add_each(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5
 
 
 @triton.jit
@@ -235,6 +251,20 @@ def check_int32(name, tensor, device, *, ndim):
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(tensor.shape)}")
     if tensor.device != device:
         raise ValueError(f"{name} is on {tensor.device}, expected {device} (where req_to_token is)")
+
+
+def check_arguments(arguments: Mapping[str, Any], width: int, **outputs) -> None:
+    """:func:`check_common` of a wrapper's arguments by name (``width``: its page-table width)."""
+    check_common(
+        arguments["seq_lens"],
+        arguments["req_pool_indices"],
+        arguments["req_to_token"],
+        arguments["bs"],
+        width,
+        arguments["physical_page_size"],
+        arguments["budget"],
+        **outputs,
+    )
 
 
 def check_common(seq_lens, req_pool_indices, req_to_token, bs, width, page_size, budget, **outputs):
@@ -306,3 +336,57 @@ def page_tables(page_table_1, real_page_table, rows, width, page_size, device):
     if not has_pt1:
         page_table_1 = real_page_table
     return page_table_1, real_page_table, has_pt1, has_real
+
+
+def zero_cumsum_heads(*cumsums: torch.Tensor) -> None:
+    """What every wrapper writes at ``bs == 0``: entry 0 of each cumulative-length vector."""
+    for cu in cumsums:
+        cu[:1].zero_()
+
+
+def bounded_launch(
+    arguments: Mapping[str, Any], width: int, tables: tuple, **kernel_arguments
+) -> Launch:
+    """The launch of a bounded kernel for a wrapper's checked ``arguments`` (by name): ``1 +``
+    :func:`bounded_num_programs` programs, the parameters every bounded kernel takes, then
+    ``kernel_arguments``. ``tables``: what :func:`page_tables` returned, or its two tables as
+    tuples of every destination's (the strides are the first one's)."""
+    page_table_1, real_page_table, has_pt1, has_real = tables
+    seq_lens, req_to_token, bs = arguments["seq_lens"], arguments["req_to_token"], arguments["bs"]
+    budget = arguments["budget"]
+    budget = default_budget(seq_lens.device) if budget is None else budget
+    num_programs = bounded_num_programs(bs, width, budget)
+    table = page_table_1[0] if isinstance(page_table_1, tuple) else page_table_1
+    real = real_page_table[0] if isinstance(real_page_table, tuple) else real_page_table
+    return Launch(
+        grid=(1 + num_programs,),
+        arguments=dict(
+            seq_lens=seq_lens,
+            req_pool_indices=arguments["req_pool_indices"],
+            req_to_token=req_to_token,
+            page_table_1=page_table_1,
+            real_page_table=real_page_table,
+            seq_lens_stride=seq_lens.stride(0),
+            req_pool_indices_stride=arguments["req_pool_indices"].stride(0),
+            req_to_token_stride_0=req_to_token.stride(0),
+            req_to_token_stride_1=req_to_token.stride(1),
+            page_table_stride_0=table.stride(0),
+            page_table_stride_1=table.stride(1),
+            real_page_table_stride_0=real.stride(0),
+            real_page_table_stride_1=real.stride(1),
+            bs=bs,
+            width=width,
+            num_programs=num_programs,
+            dsa_index_topk=arguments["dsa_index_topk"],
+            physical_page_size=arguments["physical_page_size"],
+            HAS_PAGE_TABLE_1=has_pt1,
+            HAS_REAL_PAGE_TABLE=has_real,
+            BLOCK_BS=block_requests(bs),
+            BLOCK_N=BLOCK_N,
+            TILE_N=TILE_N,
+            NUM_STAGES=NUM_STAGES,
+            **kernel_arguments,
+        ),
+        input_len=bs,
+        options=dict(num_warps=NUM_WARPS),
+    )

@@ -34,6 +34,12 @@ rounds), each arm called as the server calls it, on the same buffers at every ca
 
     python .../bench_dsa_metadata_bounded.py --host --live 1024 --bs 1,4,16 \
         --ops decode,verify,draft_extend,draft_decode
+    # the same arms once each on the CPU (Triton's interpreter, a 300-column table), untimed:
+    python .../bench_dsa_metadata_bounded.py --host --dry-run --live 256 --bs 1,2 \
+        --ops decode,verify,draft_extend,draft_decode
+
+The host floor, one PyTorch kernel launch from Python (a one-element ``add_``), is timed in the same
+run as the arms: ``host_floor_us`` in the ``--json`` record, ``ours / one launch`` in the table.
 """
 
 from __future__ import annotations
@@ -42,6 +48,11 @@ import functools
 import importlib.util
 import json
 import sys
+import time
+
+from sglang_dsa_mtp.devices import select_device
+
+select_device()  # before Triton is imported: on a CPU (--dry-run), Triton's interpreter
 
 import torch
 import triton
@@ -64,7 +75,7 @@ from sglang_dsa_mtp.testing.bench_cli import (
     variant_name,
     write_json,
 )
-from sglang_dsa_mtp.testing.constants import WIDTH_1M
+from sglang_dsa_mtp.testing.constants import SMALL_WIDTH, WIDTH_1M
 from sglang_dsa_mtp.testing.metadata_cases import (
     kernel_for,
     make_case,
@@ -167,6 +178,12 @@ def build_parser():
     parser.add_argument(
         "--steps", type=int, default=3, help="--host draft_decode: MTP draft step backends (1-4)"
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help=f"with --host: call every arm once on the CPU (Triton's interpreter, a {SMALL_WIDTH}-"
+        "column table), untimed: checks the arms and the table, measures nothing",
+    )
     add_timing_arguments(parser)
     parser.add_argument(
         "--plot",
@@ -207,36 +224,47 @@ def main(argv=None) -> int:
         )
     if not set(args.arms.split(",")) <= set(ARMS):
         parser.error(f"--arms takes a comma-separated subset of {ARMS}, got {args.arms!r}")
-    if not torch.cuda.is_available():
-        print("bench_dsa_metadata_bounded needs a CUDA GPU", file=sys.stderr)
+    if args.dry_run and not args.host:
+        parser.error("--dry-run checks the --host arms; add --host")
+    if not args.dry_run and not torch.cuda.is_available():
+        print("bench_dsa_metadata_bounded needs a CUDA GPU (or --host --dry-run)", file=sys.stderr)
         return 2
 
     ops, lives, batch_sizes = args.ops.split(","), parse_list(args.live), parse_list(args.bs)
     arms = args.arms.split(",")
     variants = parse_tune(args.tune)
-    launch = launch_floor_us(calls=args.calls, replays=args.replays)
-    bandwidth = copy_bandwidth_bytes_per_us()
-    props = torch.cuda.get_device_properties(0)
-    print(
-        f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
-        f"triton {triton.__version__}; width {WIDTH}, page {PAGE}, next_n {NEXT_N}, "
-        f"{'host time per call' if args.host else ('hot' if args.hot_l2 else 'cold') + ' L2'}; "
-        "default budget "
-        f"{default_budget(torch.device('cuda'))}"
-    )
-    print(
-        f"# launch floor {launch:.2f} us, copy bandwidth {bandwidth / 1e6:.2f} TB/s (read + write)"
-    )
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    width = SMALL_WIDTH if args.dry_run else WIDTH
+    time_host = _call_once if args.dry_run else host_times_us
+    if args.dry_run:
+        name, launch, bandwidth = "CPU (dry run: every arm called once, untimed)", 0.0, 1.0
+        print(f"# {name}, torch {torch.__version__}, triton {triton.__version__}; width {width}")
+    else:
+        launch = launch_floor_us(calls=args.calls, replays=args.replays)
+        bandwidth = copy_bandwidth_bytes_per_us()
+        props = torch.cuda.get_device_properties(0)
+        name = props.name
+        print(
+            f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
+            f"triton {triton.__version__}; width {WIDTH}, page {PAGE}, next_n {NEXT_N}, "
+            f"{'host time per call' if args.host else ('hot' if args.hot_l2 else 'cold') + ' L2'}; "
+            f"default budget {default_budget(device)}"
+        )
+        print(
+            f"# launch floor {launch:.2f} us, copy bandwidth {bandwidth / 1e6:.2f} TB/s "
+            "(read + write)"
+        )
 
+    floor_host = None
     if args.host:
-        one = torch.zeros(1, device="cuda")
-        floor_host = host_times_us({"one torch launch": lambda: one.add_(1)})["one torch launch"]
+        one = torch.zeros(1, device=device)
+        floor_host = time_host({"one torch launch": lambda: one.add_(1)})["one torch launch"]
         print(
             f"# host floor: one PyTorch kernel launch (a one-element add_) costs {floor_host:.1f} us"
         )
 
     req_to_token = torch.randint(
-        0, 1 << 30, (2 * max(batch_sizes), WIDTH), dtype=torch.int32, device="cuda"
+        0, 1 << 30, (2 * max(batch_sizes), width), dtype=torch.int32, device=device
     )
     if args.host:
         columns = ["sglang", "sglang precompute", "ours"]
@@ -245,7 +273,7 @@ def main(argv=None) -> int:
         if "bounded" in arms:
             columns += [variant_name(v) for v in variants]
     if args.host:
-        tail = ["ours - sglang", "ours / one launch"]
+        tail = ["ours - sglang", "one launch", "ours / one launch"]
     else:
         tail = ["floor", "best ours / floor", "ours fastest"]
     header = ["op", "live KV", "bs", *columns, *tail]
@@ -255,8 +283,8 @@ def main(argv=None) -> int:
         case = make_case(
             "decode" if op == "draft_decode" else op,
             batch_lengths(live, bs, mixed),
-            width=WIDTH,
-            device="cuda",
+            width=width,
+            device=device,
             next_n=NEXT_N,
             page_size=PAGE,
             req_to_token=req_to_token,
@@ -264,7 +292,7 @@ def main(argv=None) -> int:
         out = case.outputs()
         row = {}
         if args.host:  # every arm, arguments bound beforehand, timed in turn
-            row = host_times_us(host_calls(op, case, out, args.steps))
+            row = time_host(host_calls(op, case, out, args.steps))
         for arm in [] if args.host else arms:
             if arm != "bounded":
                 row[arm] = time_arm(case, arm, out, args)
@@ -278,7 +306,7 @@ def main(argv=None) -> int:
         cells += [f"{row[c]:.1f}" if c in row else "-" for c in columns]
         if args.host:
             over = min(ours) - row["sglang"] if ours and "sglang" in row else None
-            cells += [f"{over:+.1f}" if over is not None else "-"]
+            cells += [f"{over:+.1f}" if over is not None else "-", f"{floor_host:.1f}"]
             cells += [f"{min(ours) / floor_host:.2f}" if ours else "-"]
         else:
             sglang = [row[a] for a in ("sglang", "sglang_kpool") if a in row]
@@ -288,13 +316,15 @@ def main(argv=None) -> int:
             cells += [f"{floor:.1f}", f"{min(ours) / floor:.2f}" if ours else "-", fastest]
         print(markdown_row(cells), flush=True)
         records.append(dict(op=op, live=live, bs=bs, mixed=mixed, floor_us=floor, **row))
+    host_floor = {"host_floor_us": floor_host} if args.host else {}
     record = measurements(
-        gpu=props.name,
+        gpu=name,
         launch_floor_us=launch,
         copy_bytes_per_us=bandwidth,
+        **host_floor,
         timing="host" if args.host else "cuda graph",
         l2="hot" if args.hot_l2 else "cold",
-        width=WIDTH,
+        width=width,
         page=PAGE,
         next_n=NEXT_N,
         points=records,
@@ -305,6 +335,17 @@ def main(argv=None) -> int:
         save_plot(record, args.plot)
         print(f"plot: {args.plot}")
     return 0
+
+
+def _call_once(fns: dict) -> dict:
+    """The dry run's stand-in for ``host_times_us``: each function called once, the host
+    microseconds of that one call (with Triton's interpreter: no measurement of anything)."""
+    times = {}
+    for name, fn in fns.items():
+        start = time.perf_counter()
+        fn()
+        times[name] = (time.perf_counter() - start) * 1e6
+    return times
 
 
 def _live_label(live: int) -> str:

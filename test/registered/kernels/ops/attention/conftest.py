@@ -1,15 +1,11 @@
 """Fixtures shared by the DSA replay-metadata kernel tests."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from sglang_dsa_mtp.kernels.ops import launch
-from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
-from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.testing.constants import WIDTH_1M
+from sglang_dsa_mtp.testing.launch_stubs import ALL_PLANS, planned_on_cpu
 
 
 @pytest.fixture(params=[128, common.TILE_N], ids=["tile128", f"tile{common.TILE_N}-default"])
@@ -52,16 +48,6 @@ def grid_case(request, monkeypatch):
     return request.param
 
 
-# The launch plans of the four replay-metadata wrappers (decode, target verify, draft extend, the
-# MTP one launch).
-_ALL_PLANS = (
-    bounded._DECODE_PLANS,
-    bounded._VERIFY_PLANS,
-    bounded._DRAFT_EXTEND_PLANS,
-    draft._PLANS,
-)
-
-
 class _GridRecorder:
     """Stands in for a ``@triton.jit`` kernel: records the grid of every launch, then launches."""
 
@@ -81,42 +67,9 @@ def launch_grids(monkeypatch):
     """The grid of every kernel launch of the four replay-metadata wrappers (decode, target verify,
     draft extend, the MTP one launch), in order."""
     grids = []
-    for plans in _ALL_PLANS:
+    for plans in ALL_PLANS:
         monkeypatch.setattr(plans, "kernel", _GridRecorder(plans.kernel, grids))
     return grids
-
-
-class _PlannedRecorder:
-    """Stands in for a ``@triton.jit`` kernel on the CPU as it behaves on a GPU: a JIT launch runs
-    the kernel (in the interpreter) and returns a compiled kernel whose launcher, called by a launch
-    plan, records its grid instead of running."""
-
-    def __init__(self, kernel, launches):
-        self.kernel, self.launches = kernel, launches
-
-    def __getitem__(self, grid):
-        def jit(*args, **kwargs):
-            self.kernel[grid](*args, **kwargs)
-            self.launches.append(("jit", tuple(grid)))
-            return _RecordingCompiled(self.launches)
-
-        return jit
-
-    def __getattr__(self, name):
-        return getattr(self.kernel, name)
-
-
-class _RecordingCompiled:
-    function = packed_metadata = None
-
-    def __init__(self, launches):
-        self.launches = launches
-
-    def launch_metadata(self, grid, stream, *args):
-        return None
-
-    def run(self, grid_x, grid_y, grid_z, *rest):
-        self.launches.append(("plan", (grid_x,)))
 
 
 @pytest.fixture
@@ -125,12 +78,7 @@ def planned_launches(monkeypatch):
     ``("jit", grid)`` (kernel run, plan kept) or ``("plan", grid)`` (through a kept plan), in order.
     """
     launches = []
-    monkeypatch.setattr(launch, "DIRECT_LAUNCH", True)
-    cpu = SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda device: 0)
-    for plans in _ALL_PLANS:
-        monkeypatch.setattr(plans, "kernel", _PlannedRecorder(plans.kernel, launches))
-        monkeypatch.setattr(plans, "driver", cpu)
-        monkeypatch.setattr(plans, "_plans", {})
+    planned_on_cpu(monkeypatch, launches)
     return launches
 
 

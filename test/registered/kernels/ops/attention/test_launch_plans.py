@@ -37,16 +37,20 @@ ROUNDS = 5
 
 @pytest.fixture
 def plan_launches(monkeypatch):
-    """How many calls launched through a plan."""
+    """Whether each call launched through a plan (True) or through Triton's JIT (False)."""
     launched = []
-    real = LaunchPlans.launch_cached
+    real_call, real_launch = LaunchPlans.__call__, LaunchPlans.launch
 
-    def counting(self, key, inputs):
-        hit = real(self, key, inputs)
-        launched.append(hit)
-        return hit
+    def call(self, arguments):
+        launched.append(True)
+        real_call(self, arguments)
 
-    monkeypatch.setattr(LaunchPlans, "launch_cached", counting)
+    def jit(self, key, launch):
+        launched[-1] = False
+        real_launch(self, key, launch)
+
+    monkeypatch.setattr(LaunchPlans, "__call__", call)
+    monkeypatch.setattr(LaunchPlans, "launch", jit)
     return launched
 
 

@@ -514,6 +514,18 @@ def test_real_vocab_every_row_count_on_gpu(tp_size, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tp_size", [1, 8])
+def test_verify_row_counts_on_gpu(tp_size, dtype):
+    """The target verify's rows (EAGLE 4/1/5 and 5/1/6, bs 1-48): programs spanning 1 to 19
+    splits at TP 1, every pattern carried."""
+    width = cases.padded_shard_width(cases.VOCAB, tp_size)
+    chunks = (5, 20, 80, 240, 288)
+    problems = check_chunks(tp_size, width, cases.VOCAB, dtype, "cuda", seed=tp_size, chunks=chunks)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("vocab_size", [1001, 129281, 100_003])
 @pytest.mark.parametrize("tp_size", TP_SIZES)
 def test_padded_vocabs_on_gpu(tp_size, vocab_size):

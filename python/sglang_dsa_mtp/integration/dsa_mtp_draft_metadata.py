@@ -119,7 +119,7 @@ def draft_decode_metadata(original, self, forward_batch, in_capture=False):
 def _give_up(multi, state: MultiStepState, plan: DraftDecodeBs, bs: int, exc, what: str) -> None:
     """``bs`` takes the other path for good (:func:`_other_path`); one ERROR line says which.
     ``what`` names the step that raised: "deciding its path", "its warm-up", "the one launch"."""
-    plan.reason = f"{what} raised {type(exc).__name__}: {exc}"
+    plan.reason, plan.failed = f"{what} raised {type(exc).__name__}: {exc}", True
     log_failure(
         ("one-launch-failed", id(multi), bs),
         exc,
@@ -162,9 +162,12 @@ def _capture(multi, forward_batch) -> None:
 
 def _report(multi, state: MultiStepState, bs: int) -> None:
     """The multi-step backend's start-up line at its first captured bs; a line per later capture
-    that decides otherwise than that line said."""
-    reason = state.batch_sizes[bs].reason
+    that decides otherwise than that line said. A failure is named by its own ERROR line only."""
+    plan = state.batch_sizes[bs]
+    reason = plan.reason
     outcome = "uses one launch" if reason is None else f"{_other_path(state)}: {reason}"
+    if plan.failed:
+        outcome = f"{_other_path(state)} (its failure logged at ERROR)"
     if state.one_launch_logged is not None:
         if (reason is None) != state.one_launch_logged:
             logger.info("sglang_dsa_mtp: MTP draft-decode metadata for bs %d %s", bs, outcome)

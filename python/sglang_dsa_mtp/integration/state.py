@@ -40,6 +40,7 @@ class DraftDecodeBs:
     reason: str | None  # why the one launch does not write it; None when it does
     launch: dict | None = None  # the one launch's keyword arguments but the per-replay inputs
     metadata: list | None = None  # every step backend's graph metadata for the batch size
+    failed: bool = False  # the reason is a failure, already logged at ERROR
 
 
 @dataclass

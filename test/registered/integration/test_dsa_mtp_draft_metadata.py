@@ -324,6 +324,8 @@ def test_a_failure_deciding_a_bs_at_capture_sends_it_to_sglangs_path_with_one_er
         f"sglang_dsa_mtp: MTP draft-decode metadata for bs {BS} keeps SGLang's precompute + "
         "copies from now on: deciding its path raised: RuntimeError: injected failure"
     ]
+    naming = [r for r in caplog.records if "injected failure" in r.getMessage()]
+    assert [r.levelno for r in naming] == [logging.ERROR], "the INFO lines repeat the failure"
     launched, stock = spies["one launch"], []
     batch = graph_batch(BS, DECODE, seq_lens=[1, 2, 3], req_pool_indices=[0, 1, 2])
     mtp.draft_decode_metadata(

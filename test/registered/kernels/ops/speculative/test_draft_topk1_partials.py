@@ -577,9 +577,7 @@ def test_verify_row_counts_on_gpu(tp_size, dtype):
     splits at TP 1, every pattern carried."""
     width = cases.padded_shard_width(cases.VOCAB, tp_size)
     chunks = (5, 20, 80, 240, 288)
-    problems = check_chunks(
-        tp_size, width, cases.VOCAB, dtype, "cuda", seed=tp_size, chunks=chunks, patterns=ALL
-    )
+    problems = check_chunks(tp_size, width, cases.VOCAB, dtype, "cuda", seed=tp_size, chunks=chunks)
     assert not problems, "\n".join(problems)
 
 

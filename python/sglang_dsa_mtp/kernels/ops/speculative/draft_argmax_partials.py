@@ -24,12 +24,8 @@ import triton.language as tl
 
 from sglang_dsa_mtp.kernels.ops.host import cdiv, next_power_of_2
 
-SPLIT_N = 2048  # shard columns per candidate slot of the exchange buffer (a power of 2)
-BLOCK_N = 2048  # columns a partials program loads per step (a power of 2; at most SPLIT_N is used)
-PARTIALS_NUM_WARPS = 8  # 8 columns a thread per step: one 16-byte load of bf16
-# Partials programs a launch aims at (about 8 per SM of a 132-SM H200): at few rows every split has
-# its own program, at more rows one program spans several adjacent splits (the grid by row count).
-PARTIALS_PROGRAMS = 1024
+SPLIT_N = 2048  # shard columns one partials program reduces (one load per program)
+PARTIALS_NUM_WARPS = 4
 FINALIZE_NUM_WARPS = 1  # one warp per row
 LANES = 4  # fp32 lanes per candidate
 MAX_VOCAB = 1 << 24  # lanes 2 and 3 store column and column + 1 exactly as fp32 integers
@@ -58,77 +54,11 @@ def exchange_shape(rows: int, shard_width: int, tp_size: int) -> tuple[int, int]
 
 
 @triton.jit
-def _element_keys(vals, cols, NEG_1E30_BITS: tl.constexpr):
-    """Per column: the packed int64 (order-preserving key high, reversed column low: the max is the
-    max key at its lowest column) and the column where it is NaN (else INT32_MAX)."""
-    # Integers from here on: bf16 -> fp32 is exact, then the fp32 bit pattern.
-    bits = vals.to(tl.float32).to(tl.int32, bitcast=True)
-    magnitude = bits & 0x7FFFFFFF
-    is_nan = magnitude > 0x7F800000
-    bits = tl.where(magnitude == 0, 0, bits)  # -0.0 compares equal to +0.0
-    bits = tl.where(is_nan, NEG_1E30_BITS, bits)  # draft_topk1_postprocess: NaN -> -1e30
-    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed order; -inf is 0x807FFFFF
-    packed = (key.to(tl.int64) << 32) | (0x7FFFFFFF - cols).to(tl.int64)
-    return packed, tl.where(is_nan, cols, 2147483647)
-
-
-@triton.jit
-def _masked_keys(vals, cols, valid, NEG_1E30_BITS: tl.constexpr):
-    """:func:`_element_keys` where ``valid``; elsewhere below every key and no NaN."""
-    packed, nan_cols = _element_keys(vals, cols, NEG_1E30_BITS)
-    return tl.where(valid, packed, -9223372036854775807 - 1), tl.where(valid, nan_cols, 2147483647)
-
-
-@triton.jit
-def _candidate_lanes(packed, first_nan, col_base, valid_width):
-    """The 4 exact fp32 lanes of a reduced ``(packed, first_nan)``, as docs/switches.md's "The
-    exchange buffer" lays them out; key 0 (no valid column) when ``packed`` is the masked minimum.
-    """
-    local = (0x7FFFFFFF - (packed & 0xFFFFFFFF)).to(tl.int32)
-    ukey = (packed >> 32) + 2147483648  # 0 exactly when no column was valid
-    key_hi = (ukey >> 16).to(tl.float32)
-    key_lo = (ukey & 0xFFFF).to(tl.float32)
-    index = tl.where(local < valid_width, col_base + local, 0).to(tl.float32)
-    nan_lane = tl.where(first_nan < valid_width, col_base + first_nan + 1, 0).to(tl.float32)
-    return key_hi, key_lo, index, nan_lane
-
-
-@triton.jit
-def _store_slots(
-    out_row,
-    out_stride_1,
-    slot,
-    slots,
-    key_hi,
-    key_lo,
-    index,
-    nan_lane,
-    tp_rank,
-    tp_size,
-    splits,
-    BLOCK_TP: tl.constexpr,
-    LANES: tl.constexpr,
-):
-    """Slot ``slot`` of every rank and the ``slots - 1`` after it: the candidate in this rank's
-    first one, exact +0.0 in every other lane (the other ranks' slots and the empty ones)."""
-    ranks = tl.arange(0, BLOCK_TP)[:, None]
-    lane = tl.arange(0, LANES)[None, :]
-    candidate = tl.where(
-        lane == 0, key_hi, tl.where(lane == 1, key_lo, tl.where(lane == 2, index, nan_lane))
-    )
-    mine = tl.where(ranks == tp_rank, candidate, 0.0)
-    for s in range(slot, slot + slots):
-        values = tl.where(s == slot, mine, 0.0)
-        column = (ranks * splits + s) * LANES + lane
-        tl.store(out_row + column * out_stride_1, values, mask=ranks < tp_size)
-
-
-@triton.jit
 def _max_and_min(a_max, a_min, b_max, b_min):
     return tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
 
 
-@triton.jit(do_not_specialize=["tp_rank", "col_base", "valid_width", "splits_per_program"])
+@triton.jit(do_not_specialize=["tp_rank", "col_base", "valid_width"])
 def _draft_argmax_partials_kernel(
     logits,
     out,
@@ -141,55 +71,47 @@ def _draft_argmax_partials_kernel(
     splits,
     col_base,
     valid_width,
-    splits_per_program,
     NEG_1E30_BITS: tl.constexpr,
-    SPLIT_N: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_TP: tl.constexpr,
     LANES: tl.constexpr,
 ):
-    """One program: ``splits_per_program`` adjacent splits of one row, read in unmasked
-    ``BLOCK_N``-column steps (the next step's load issued before this step's keys) and one masked
-    tail, a running element-wise max, one block reduction; its candidate goes to its first slot."""
     row = tl.program_id(0).to(tl.int64)
-    slot = tl.program_id(1) * splits_per_program
-    start = slot * SPLIT_N
-    stop = tl.minimum(start + splits_per_program * SPLIT_N, valid_width)
-    full_stop = start + tl.maximum(stop - start, 0) // BLOCK_N * BLOCK_N
-    offs = tl.arange(0, BLOCK_N)
-    logits_row = logits + row * logits_stride_0
-    best = tl.full([BLOCK_N], -9223372036854775807 - 1, tl.int64)
-    first_nan = tl.full([BLOCK_N], 2147483647, tl.int32)
-    vals = tl.load(logits_row + (start + offs) * logits_stride_1, mask=full_stop > start)
-    for col in range(start, full_stop, BLOCK_N):
-        ahead = tl.minimum(col + BLOCK_N, full_stop - BLOCK_N)  # the last step reloads its own
-        next_vals = tl.load(logits_row + (ahead + offs) * logits_stride_1)
-        packed, nan_cols = _element_keys(vals, col + offs, NEG_1E30_BITS)
-        best, first_nan = tl.maximum(best, packed), tl.minimum(first_nan, nan_cols)
-        vals = next_vals
-    cols = full_stop + offs
-    valid = cols < stop
-    vals = tl.load(logits_row + cols * logits_stride_1, mask=valid, other=0.0)
-    packed, nan_cols = _masked_keys(vals, cols, valid, NEG_1E30_BITS)
-    best, first_nan = tl.maximum(best, packed), tl.minimum(first_nan, nan_cols)
-    best, first_nan = tl.reduce((best, first_nan), 0, _max_and_min)
+    split = tl.program_id(1)
+    offs = split * BLOCK_N + tl.arange(0, BLOCK_N)
+    valid = offs < valid_width
+    vals = tl.load(logits + row * logits_stride_0 + offs * logits_stride_1, mask=valid, other=0.0)
+    # Integers from here on: bf16 -> fp32 is exact, then the fp32 bit pattern.
+    bits = vals.to(tl.float32).to(tl.int32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    is_nan = valid & (magnitude > 0x7F800000)
+    bits = tl.where(magnitude == 0, 0, bits)  # -0.0 compares equal to +0.0
+    bits = tl.where(is_nan, NEG_1E30_BITS, bits)  # draft_topk1_postprocess: NaN -> -1e30
+    # Order-preserving signed key; masked lanes below everything (-inf is 0x807FFFFF).
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    key = tl.where(valid, key, -2147483647 - 1)
+    # One block reduction: the key in the high half and the reversed column in the low half of an
+    # int64 (the max is the max key at its lowest column), the first NaN column alongside.
+    packed = (key.to(tl.int64) << 32) | (0x7FFFFFFF - offs).to(tl.int64)
+    packed, first_nan = tl.reduce((packed, tl.where(is_nan, offs, 2147483647)), 0, _max_and_min)
+    best = (packed >> 32).to(tl.int32)
+    local = (0x7FFFFFFF - (packed & 0xFFFFFFFF)).to(tl.int32)
 
-    key_hi, key_lo, index, nan_lane = _candidate_lanes(best, first_nan, col_base, valid_width)
-    _store_slots(
-        out + row * out_stride_0,
-        out_stride_1,
-        slot,
-        tl.minimum(splits_per_program, splits - slot),
-        key_hi,
-        key_lo,
-        index,
-        nan_lane,
-        tp_rank,
-        tp_size,
-        splits,
-        BLOCK_TP,
-        LANES,
+    ukey = best.to(tl.int64) + 2147483648  # 0 exactly when the split has no valid column
+    key_hi = (ukey >> 16).to(tl.float32)
+    key_lo = (ukey & 0xFFFF).to(tl.float32)
+    index = tl.where(local < valid_width, col_base + local, 0).to(tl.float32)
+    nan_lane = tl.where(first_nan < valid_width, col_base + first_nan + 1, 0).to(tl.float32)
+
+    ranks = tl.arange(0, BLOCK_TP)[:, None]
+    lane = tl.arange(0, LANES)[None, :]
+    candidate = tl.where(
+        lane == 0, key_hi, tl.where(lane == 1, key_lo, tl.where(lane == 2, index, nan_lane))
     )
+    # This rank's slot gets the candidate, every other rank's slot of this split exact +0.0.
+    values = tl.where(ranks == tp_rank, candidate, 0.0)
+    column = (ranks * splits + split) * LANES + lane
+    tl.store(out + row * out_stride_0 + column * out_stride_1, values, mask=ranks < tp_size)
 
 
 @triton.jit(do_not_specialize=["draft_token_column"])
@@ -348,8 +270,7 @@ def launch_partials(
         )
     if rows == 0:
         return out
-    splits_per_program = cdiv(layout.splits, min(layout.splits, cdiv(PARTIALS_PROGRAMS, rows)))
-    _draft_argmax_partials_kernel[(rows, cdiv(layout.splits, splits_per_program))](
+    _draft_argmax_partials_kernel[(rows, layout.splits)](
         logits_shard,
         out,
         logits_shard.stride(0),
@@ -361,10 +282,8 @@ def launch_partials(
         layout.splits,
         layout.col_base,
         layout.valid_width,
-        splits_per_program,
         NEG_1E30_BITS=_NEG_1E30_BITS,
-        SPLIT_N=SPLIT_N,
-        BLOCK_N=min(BLOCK_N, SPLIT_N),
+        BLOCK_N=SPLIT_N,
         BLOCK_TP=next_power_of_2(layout.tp_size),
         LANES=LANES,
         num_warps=PARTIALS_NUM_WARPS,

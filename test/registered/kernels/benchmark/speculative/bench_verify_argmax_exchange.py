@@ -18,16 +18,10 @@ Arms, each one verify round, ``--calls`` rounds captured back to back in one CUD
 * ``ours``: the LM head, ``draft_argmax_partials`` and the ``propagate`` finalize (at TP 1 there is
   nothing to all-reduce).
 * ``stock pick`` / ``ours pick``: the same two without the LM head.
-* ``previous pick``: ``ours pick`` with the partials kernel it replaced (one program per row and
-  2048-column split, one load each: ``testing/argmax_previous.py``), timed in the same rounds.
 
-Before timing, the arms' tokens are checked equal. ``floor``: the bytes of one read of the bf16
+Before timing, both arms' tokens are checked equal. ``floor``: the bytes of one read of the bf16
 logits over the measured device-to-device copy bandwidth (read + write bytes per microsecond), the
-least any pick must move; ``x floor``: a pick over the floor plus one launch floor (the one-element
-kernel of a graph). Two more tables time the picks alone, ours against the previous: the verify
-pick on one rank's shard at TP 8 (19,360 columns of vocab 154880: the partials of rank 0 and the
-``propagate`` finalize, no all-reduce), and the draft decode pick (the ``sanitize`` finalize with
-positions and a draft-token column) on one rank's shard at TP 2 / 4 / 8, rows 1-48. ``gather MB``: the bf16 logits one rank receives per round at TP n,
+least any pick must move. ``gather MB``: the bf16 logits one rank receives per round at TP n,
 ``rows x vocab x 2 x (n - 1) / n``; ``exchange KB``: the fp32 exchange buffer at TP n,
 ``rows x n x splits x 16`` bytes (``splits`` = 2048-column splits of a rank's shard).
 
@@ -39,23 +33,15 @@ from __future__ import annotations
 
 import statistics
 import sys
-from typing import Optional
 
 import torch
-import triton
 
 from sglang_dsa_mtp.devices import select_device
 
 DEVICE = select_device()  # before any kernel module is imported: on a CPU, Triton's interpreter
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap  # noqa: E402
-from sglang_dsa_mtp.testing.argmax_cases import (  # noqa: E402
-    HIDDEN,
-    VOCAB,
-    padded_shard_width,
-    pick_state,
-)
-from sglang_dsa_mtp.testing.argmax_previous import launch_previous_partials  # noqa: E402
+from sglang_dsa_mtp.testing.argmax_cases import HIDDEN, VOCAB, padded_shard_width  # noqa: E402
 from sglang_dsa_mtp.testing.bench_cli import (  # noqa: E402
     benchmark_parser,
     markdown_header,
@@ -65,12 +51,8 @@ from sglang_dsa_mtp.testing.bench_cli import (  # noqa: E402
 
 LAUNCHES = {"4/1/5": 5, "5/1/6": 6}  # EAGLE steps/topk/draft tokens -> verify rows a request
 TP_SIZES = (2, 4, 8)
-ARMS = ("GEMM", "stock", "ours", "stock pick", "ours pick", "previous pick")
-PICKS = ("ours pick", "previous pick")
-SHARD_TP = 8  # the verify pick on one rank's shard at this TP size
-DRAFT_ROWS = (1, 2, 4, 8, 16, 32, 48)
-DRAFT_TP_SIZES = (2, 4, 8)
-DRY_RUN = dict(vocab=1001, hidden=64, bs=[1, 4], draft_rows=[2])
+ARMS = ("GEMM", "stock", "ours", "stock pick", "ours pick")
+DRY_RUN = dict(vocab=1001, hidden=64, bs=[1, 4])
 
 
 def build_parser():
@@ -83,16 +65,12 @@ def build_parser():
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="hidden size")
     parser.add_argument("--calls", type=int, default=10, help="rounds per CUDA graph")
     parser.add_argument("--replays", type=int, default=50, help="timed rounds, median taken")
-    parser.add_argument(
-        "--draft-rows", nargs="+", type=int, default=list(DRAFT_ROWS), help="draft pick rows"
-    )
     parser.add_argument("--json", help="write every measurement to this file")
     parser.add_argument(
         "--dry-run",
         action="store_true",
         help=f"run the arms and the token check on the CPU through Triton's interpreter, at vocab "
-        f"{DRY_RUN['vocab']}, hidden {DRY_RUN['hidden']}, bs {DRY_RUN['bs']}, draft rows "
-        f"{DRY_RUN['draft_rows']}, without timing",
+        f"{DRY_RUN['vocab']}, hidden {DRY_RUN['hidden']}, bs {DRY_RUN['bs']}, without timing",
     )
     return parser
 
@@ -125,7 +103,8 @@ class Round:
 
     def ours_pick(self, logits=None):
         logits = self.logits if logits is None else logits
-        return verify_pick(dap.launch_partials, self.layout, logits)
+        exchange = dap.launch_partials(self.layout, logits)
+        return dap.launch_finalize(exchange, propagate_nan=True)[1].view(-1)
 
     def bodies(self) -> dict:
         return {
@@ -133,36 +112,8 @@ class Round:
             "stock": lambda: self.stock_pick(self.gemm()),
             "ours": lambda: self.ours_pick(self.gemm()),
             "stock pick": self.stock_pick,
-            **shard_picks(self.layout, self.logits, draft=False),
+            "ours pick": self.ours_pick,
         }
-
-
-PARTIALS = dict(zip(PICKS, (dap.launch_partials, launch_previous_partials)))
-
-
-def verify_pick(partials, layout, logits):
-    """The target verify's pick: ``partials`` (ours or the previous kernel), the propagate finalize."""
-    return dap.launch_finalize(partials(layout, logits), propagate_nan=True)[1].view(-1)
-
-
-def shard_picks(layout, logits, *, draft: bool) -> dict:
-    """Both picks on one rank's shard: the verify's, or the draft decode's (the sanitize finalize,
-    positions advanced, the last draft-token column written)."""
-    if not draft:
-        return {
-            name: lambda partials=partials: verify_pick(partials, layout, logits)
-            for name, partials in PARTIALS.items()
-        }
-    positions, draft_tokens = pick_state(logits.shape[0], logits.device)
-
-    def draft_pick(partials):
-        exchange = partials(layout, logits)
-        _, tokens = dap.launch_finalize(exchange, positions, draft_tokens, 3, propagate_nan=False)
-        return tokens.view(-1)
-
-    return {
-        name: lambda partials=partials: draft_pick(partials) for name, partials in PARTIALS.items()
-    }
 
 
 def interleaved_us(bodies: dict, calls: int, replays: int) -> dict:
@@ -199,70 +150,59 @@ def cell(value, spec=".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-class Timer:
-    """The run's floors and timing: ``measure`` checks the tokens of every body but the
-    ``unchecked`` against ``expected`` (recording a mismatch), then times them interleaved."""
-
-    def __init__(self, args):
-        self.args, self.timed, self.status, self.floors = args, not args.dry_run, 0, {}
-        if self.timed:
-            from sglang_dsa_mtp.testing.timing import copy_bandwidth_bytes_per_us, launch_floor_us
-
-            self.floors = dict(
-                launch_floor_us=launch_floor_us(), copy_bytes_per_us=copy_bandwidth_bytes_per_us()
-            )
-
-    def measure(self, what: str, bodies: dict, expected: torch.Tensor, unchecked=()) -> dict:
-        for name, body in bodies.items():
-            if name not in unchecked and not torch.equal(body(), expected):
-                print(f"{what}: {name}'s tokens differ", file=sys.stderr)
-                self.status = 1
-        if not self.timed:
-            return dict.fromkeys(bodies)
-        return interleaved_us(bodies, self.args.calls, self.args.replays)
-
-    def floor_us(self, logits: torch.Tensor) -> Optional[float]:
-        """One read of ``logits`` at the copy bandwidth."""
-        if not self.timed:
-            return None
-        return logits.numel() * logits.element_size() / self.floors["copy_bytes_per_us"]
-
-    def over_floor(self, times: dict, floor: Optional[float]) -> str:
-        """Each pick over the floor plus one launch floor: ``ours / previous``."""
-        if floor is None:
-            return "-"
-        bound = floor + self.floors["launch_floor_us"]
-        return " / ".join(f"{times[name] / bound:.2f}" for name in PICKS)
-
-    def where(self) -> str:
-        if not self.timed:
-            return "CPU (dry run: each arm once, untimed)"
-        return (
-            f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
-            f"{triton.__version__}; launch floor {self.floors['launch_floor_us']:.2f} us, copy "
-            f"bandwidth {self.floors['copy_bytes_per_us'] / 1e6:.2f} TB/s (read + write); "
-            f"{self.args.calls} rounds per graph, median of {self.args.replays} replays, us per round"
-        )
-
-
-def verify_table(timer: Timer, weight: torch.Tensor) -> tuple[list, list]:
-    """The LM head + pick table at TP 1, and the pick on one TP-8 rank's shard of the same logits."""
-    args = timer.args
-    tp_cells = [f"gather MB / exchange KB TP{tp}" for tp in TP_SIZES]
-    ratio = "x floor ours / previous"
-    print(
-        markdown_header(["EAGLE", "bs", "rows", *ARMS, "stock - ours", "floor", ratio, *tp_cells])
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    timed = not args.dry_run
+    if args.dry_run:
+        args.vocab, args.hidden, args.bs = DRY_RUN["vocab"], DRY_RUN["hidden"], DRY_RUN["bs"]
+    elif DEVICE.type != "cuda":
+        print("needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    generator = torch.Generator().manual_seed(0)
+    width = padded_shard_width(args.vocab, 1)
+    weight = torch.zeros(width, args.hidden, dtype=torch.bfloat16)
+    weight[: args.vocab] = (torch.randn(args.vocab, args.hidden, generator=generator) * 0.05).to(
+        torch.bfloat16
     )
-    points, rounds = [], []
+    weight = weight.to(DEVICE)
+    floors = {}
+    if timed:
+        from sglang_dsa_mtp.testing.timing import copy_bandwidth_bytes_per_us, launch_floor_us
+
+        floors = dict(
+            launch_floor_us=launch_floor_us(), copy_bytes_per_us=copy_bandwidth_bytes_per_us()
+        )
+        where = (
+            f"{torch.cuda.get_device_name()}, torch {torch.__version__}; launch floor "
+            f"{floors['launch_floor_us']:.2f} us, copy bandwidth "
+            f"{floors['copy_bytes_per_us'] / 1e6:.2f} TB/s (read + write)"
+        )
+    else:
+        where = "CPU (dry run: each arm once, untimed)"
+    timing = f"; {args.calls} rounds per graph, median of {args.replays} replays, us per round"
+    print(
+        f"# Target verify, LM head + greedy pick, TP 1: vocab {args.vocab}, hidden {args.hidden}, "
+        f"bf16 head\n\n{where}{timing if timed else ''}\n"
+    )
+    tp_cells = [f"gather MB / exchange KB TP{tp}" for tp in TP_SIZES]
+    header = ["EAGLE", "bs", "rows", *ARMS, "stock - ours", "floor", *tp_cells]
+    print(markdown_header(header))
+    points, status = [], 0
     for launch in args.launch:
         for bs in args.bs:
             rows = bs * LAUNCHES[launch]
             round_ = Round(weight, rows, args.vocab, seed=rows)
-            rounds.append((launch, bs, round_))
-            times = timer.measure(
-                f"EAGLE {launch} bs {bs}", round_.bodies(), round_.stock_pick(), unchecked=["GEMM"]
-            )
-            floor = timer.floor_us(round_.logits[:, : args.vocab])
+            if not torch.equal(round_.stock_pick(), round_.ours_pick()):
+                print(f"EAGLE {launch} bs {bs}: the arms' tokens differ", file=sys.stderr)
+                status = 1
+            times = dict.fromkeys(ARMS)
+            floor = None
+            if not timed:
+                for body in round_.bodies().values():
+                    body()
+            else:
+                times = interleaved_us(round_.bodies(), args.calls, args.replays)
+                floor = rows * args.vocab * 2 / floors["copy_bytes_per_us"]
             moved = per_tp(rows, args.vocab)
             saved = None if times["stock"] is None else times["stock"] - times["ours"]
             print(
@@ -274,7 +214,6 @@ def verify_table(timer: Timer, weight: torch.Tensor) -> tuple[list, list]:
                         *(cell(times[arm]) for arm in ARMS),
                         cell(saved),
                         cell(floor),
-                        timer.over_floor(times, floor),
                         *(
                             f"{moved[tp]['gather_bytes'] / 1e6:.1f} / "
                             f"{moved[tp]['exchange_bytes'] / 1e3:.1f}"
@@ -286,103 +225,10 @@ def verify_table(timer: Timer, weight: torch.Tensor) -> tuple[list, list]:
             points.append(
                 dict(launch=launch, bs=bs, rows=rows, us=times, floor_us=floor, per_tp=moved)
             )
-    width = padded_shard_width(args.vocab, SHARD_TP)
-    print(
-        f"\n## The verify pick on one rank's shard at TP {SHARD_TP} ({width} columns: rank 0's "
-        f"partials and the propagate finalize, no all-reduce)\n"
-    )
-    print(markdown_header(["EAGLE", "bs", "rows", *PICKS, "floor", ratio]))
-    layout = dap.partials_layout(
-        shard_width=width, tp_rank=0, tp_size=SHARD_TP, vocab_size=args.vocab
-    )
-    shard_points = []
-    for launch, bs, round_ in rounds:
-        shard = round_.logits[:, :width].contiguous()
-        expected = torch.argmax(shard.float(), dim=-1)
-        bodies = shard_picks(layout, shard, draft=False)
-        times = timer.measure(f"TP {SHARD_TP} shard, EAGLE {launch} bs {bs}", bodies, expected)
-        floor = timer.floor_us(shard)
-        rows = shard.shape[0]
-        print(
-            markdown_row(
-                [launch, str(bs), str(rows), *(cell(times[name]) for name in PICKS), cell(floor)]
-                + [timer.over_floor(times, floor)]
-            )
-        )
-        shard_points.append(
-            dict(launch=launch, bs=bs, rows=rows, width=width, us=times, floor_us=floor)
-        )
-    return points, shard_points
-
-
-def draft_table(timer: Timer) -> list:
-    """The draft decode pick on one rank's shard at each TP size: ours against the previous."""
-    args = timer.args
-    print(
-        "\n## The draft decode pick on one rank's shard (rank 0's partials and the sanitize "
-        "finalize with positions and a draft-token column, no all-reduce)\n"
-    )
-    print(markdown_header(["TP", "width", "rows", *PICKS, "previous - ours", "floor"]))
-    generator = torch.Generator().manual_seed(1)
-    points = []
-    for tp in DRAFT_TP_SIZES:
-        width = padded_shard_width(args.vocab, tp)
-        layout = dap.partials_layout(
-            shard_width=width, tp_rank=0, tp_size=tp, vocab_size=args.vocab
-        )
-        for rows in args.draft_rows:
-            logits = (torch.randn(rows, width, generator=generator) * 4).to(torch.bfloat16)
-            logits = logits.to(DEVICE)
-            expected = torch.argmax(logits.float(), dim=-1)
-            bodies = shard_picks(layout, logits, draft=True)
-            times = timer.measure(f"draft TP {tp} rows {rows}", bodies, expected)
-            saved = None if times[PICKS[0]] is None else times[PICKS[1]] - times[PICKS[0]]
-            floor = timer.floor_us(logits)
-            print(
-                markdown_row(
-                    [str(tp), str(width), str(rows), *(cell(times[name]) for name in PICKS)]
-                    + [cell(saved), cell(floor)]
-                )
-            )
-            points.append(dict(tp=tp, width=width, rows=rows, us=times, floor_us=floor))
-    return points
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.dry_run:
-        for name, value in DRY_RUN.items():
-            setattr(args, name, value)
-    elif DEVICE.type != "cuda":
-        print("needs a CUDA GPU (or --dry-run)", file=sys.stderr)
-        return 2
-    generator = torch.Generator().manual_seed(0)
-    width = padded_shard_width(args.vocab, 1)
-    weight = torch.zeros(width, args.hidden, dtype=torch.bfloat16)
-    weight[: args.vocab] = (torch.randn(args.vocab, args.hidden, generator=generator) * 0.05).to(
-        torch.bfloat16
-    )
-    weight = weight.to(DEVICE)
-    timer = Timer(args)
-    print(
-        f"# Target verify, LM head + greedy pick, TP 1: vocab {args.vocab}, hidden {args.hidden}, "
-        f"bf16 head\n\n{timer.where()}\n"
-    )
-    points, shard_points = verify_table(timer, weight)
-    draft_points = draft_table(timer)
-    print("\ntokens equal in every row" if timer.status == 0 else "\nTOKENS DIFFER (see above)")
+    print("\ntokens equal in every row" if status == 0 else "\nTOKENS DIFFER (see above)")
     if args.json:
-        write_json(
-            args.json,
-            dict(
-                args=vars(args),
-                **timer.floors,
-                points=points,
-                shard_points=shard_points,
-                draft_points=draft_points,
-            ),
-        )
-    return timer.status
+        write_json(args.json, dict(args=vars(args), **floors, points=points))
+    return status
 
 
 if __name__ == "__main__":

@@ -94,28 +94,3 @@ def test_an_eager_batch_larger_than_any_captured_one_compiles_nothing_either(tp_
         serve(max(CAPTURE_BS) + 5, tp_size, draft_steps, (torch.bfloat16,), gen)
         torch.cuda.synchronize()
     assert sweep.names == [], sweep.describe()
-
-
-@pytest.mark.gpu
-def test_the_verify_row_counts_at_tp1_compile_nothing_either():
-    """The target verify's rows (EAGLE 4/1/5 and 5/1/6 at bs 1-48) reach programs spanning one to
-    19 splits: the span is a launch argument, not a specialization, so nothing compiles."""
-    width = padded_shard_width(VOCAB, 1)
-    forget_compiled(*KERNELS)
-    dap.warm_up(
-        rows=[5],
-        shard_width=width,
-        tp_size=1,
-        vocab_size=VOCAB,
-        dtypes=(torch.bfloat16,),
-        device=torch.device("cuda"),
-    )
-    layout = dap.partials_layout(shard_width=width, tp_rank=0, tp_size=1, vocab_size=VOCAB)
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    with count_compiles() as sweep:
-        for rows in (5, 6, 20, 24, 80, 96, 240, 288):
-            logits = torch.randn(rows, width, generator=gen, device="cuda").to(torch.bfloat16)
-            _, tokens = dap.launch_finalize(dap.launch_partials(layout, logits), propagate_nan=True)
-            assert torch.equal(tokens.view(-1), torch.argmax(logits.float(), dim=-1)), rows
-        torch.cuda.synchronize()
-    assert sweep.names == [], sweep.describe()

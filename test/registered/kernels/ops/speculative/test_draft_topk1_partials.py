@@ -138,63 +138,6 @@ def test_real_vocab_at_the_default_split(tp_size, rows):
     assert not problems, "\n".join(problems)
 
 
-@pytest.fixture
-def program_shape(request, monkeypatch):
-    """Patch (SPLIT_N, BLOCK_N, PARTIALS_PROGRAMS): programs of several loop steps, spanning
-    several splits as soon as the rows times the splits pass PARTIALS_PROGRAMS."""
-    for name, value in zip(("SPLIT_N", "BLOCK_N", "PARTIALS_PROGRAMS"), request.param):
-        monkeypatch.setattr(dap, name, value)
-    return request.param
-
-
-@pytest.mark.parametrize(
-    "program_shape",
-    [
-        pytest.param((16, 4, 1), id="one-program-a-row-of-4-column-steps"),
-        pytest.param((8, 8, 5), id="1-to-5-splits-a-program"),
-        pytest.param((16, 8, 7), id="a-short-last-program"),
-    ],
-    indirect=True,
-)
-@pytest.mark.parametrize("tp_size", [1, 3])
-def test_programs_spanning_several_steps_and_splits(tp_size, program_shape):
-    # 40 columns a rank: 3 splits of 16 or 5 of 8; the vocab ends inside the last rank.
-    shard_width = 40
-    vocab_size = (tp_size - 1) * shard_width + 27
-    problems = check_chunks(tp_size, shard_width, vocab_size, torch.bfloat16, CPU, seed=tp_size)
-    assert not problems, "\n".join(problems)
-
-
-@pytest.mark.parametrize("program_shape", [(16, 8, 2)], indirect=True)
-@pytest.mark.parametrize("shard_width", [1, 7, 8, 9, 16, 17])
-def test_widths_around_the_step(shard_width, program_shape):
-    """Shards of one column, one short of a step, one step, one past it, one split, one past it;
-    TP 2 with the vocab ending one column into rank 1, and TP 1 unpadded."""
-    for tp_size, vocab_size in ((2, shard_width + 1), (1, shard_width)):
-        problems = check_chunks(
-            tp_size, shard_width, vocab_size, torch.float32, CPU, seed=shard_width, chunks=(1, 5)
-        )
-        assert not problems, f"TP {tp_size}: " + "\n".join(problems)
-
-
-@pytest.mark.parametrize("program_shape", [(16, 8, 4)], indirect=True)
-@pytest.mark.parametrize("seed", range(3))
-def test_seeded_random_shards_spanning_several_splits(seed, program_shape):
-    gen = torch.Generator().manual_seed(seed)
-    tp_size = int(torch.randint(1, 5, (1,), generator=gen))
-    shard_width = int(torch.randint(1, 80, (1,), generator=gen))
-    vocab_size = int(
-        torch.randint(
-            (tp_size - 1) * shard_width + 1, tp_size * shard_width + 1, (1,), generator=gen
-        )
-    )
-    dtype = (torch.bfloat16, torch.float32)[seed % 2]
-    problems = check_chunks(tp_size, shard_width, vocab_size, dtype, CPU, seed=seed)
-    assert not problems, f"TP {tp_size}, width {shard_width}, vocab {vocab_size}: " + "\n".join(
-        problems
-    )
-
-
 @pytest.mark.quick
 @pytest.mark.parametrize("split_n", [16], indirect=True)
 def test_contiguous_and_column_strided_shards(split_n):
@@ -566,18 +509,6 @@ def test_real_vocab_every_row_count_on_gpu(tp_size, dtype):
         )
         found = check_case(logits.cuda(), names, tp_size, cases.VOCAB, seed=rows)
         problems += [f"rows {rows}: {p}" for p in found]
-    assert not problems, "\n".join(problems)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tp_size", [1, 8])
-def test_verify_row_counts_on_gpu(tp_size, dtype):
-    """The target verify's rows (EAGLE 4/1/5 and 5/1/6, bs 1-48): programs spanning 1 to 19
-    splits at TP 1, every pattern carried."""
-    width = cases.padded_shard_width(cases.VOCAB, tp_size)
-    chunks = (5, 20, 80, 240, 288)
-    problems = check_chunks(tp_size, width, cases.VOCAB, dtype, "cuda", seed=tp_size, chunks=chunks)
     assert not problems, "\n".join(problems)
 
 

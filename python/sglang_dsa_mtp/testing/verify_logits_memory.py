@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 from dataclasses import dataclass
 from typing import Optional
 
@@ -122,6 +123,7 @@ def measure(case: Case, arm: str, device: torch.device, monkeypatch) -> Figures:
         buffer = shared.get_logits_buffer(case.vocab, rows=case.max_rows)
         hidden = torch.zeros(case.max_rows, case.hidden, dtype=torch.bfloat16, device=device)
         graphs, outputs = Graphs(device), {}
+        settle(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         before = allocated(device)
@@ -159,10 +161,19 @@ def measure_case(case: Case, device: torch.device, monkeypatch) -> dict[str, Fig
     figures = {}
     with one_rank_group(device):
         for arm in ARMS:
+            settle(device)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             figures[arm] = measure(case, arm, device, monkeypatch)
     return figures
+
+
+def settle(device: torch.device) -> None:
+    """Free what earlier arms left to the garbage collector (their graphs sit in reference
+    cycles), so that no free of theirs lands inside a later arm's measurement."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def retained_beyond_stock(figures: dict[str, Figures], arm: str) -> int:

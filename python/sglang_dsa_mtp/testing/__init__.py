@@ -25,6 +25,11 @@ this package. What is here:
   all-reduce route recorder and capture replayer, and the TP benchmarks' helpers;
 - ``deployment``: the target and MTP draft LM heads built as SGLang builds them for a (quantized)
   checkpoint, and their logits path (forward, SGLang's greedy pick, the per-shard reference);
+- ``verify_logits_memory``: the target model's LM head and LogitsProcessor captured as SGLang's
+  target-verify runner captures them (one shared pool, its shared logits buffer), exchange off, on
+  and a per-graph-shard control: the memory each keeps after capture;
+- ``launch_stubs``: plans whose launcher does nothing, for the replay-metadata wrappers on the CPU
+  (the kernel tests and the host-time profile);
 - ``compiles``: counting Triton JIT compiles (the no-compile-on-the-serving-path GPU tests);
 - ``timing``: CUDA-graph and host timing, and the floors printed beside every figure;
 - ``scripts``: loading a benchmark or e2e script as a module, its options and their help;

@@ -54,6 +54,7 @@ def test_the_verify_exchange_keeps_no_graph_memory_beyond_sglangs(
     assert control >= kept_shards_bytes(case), f"the control keeps its shards: {figures}"
 
 
+@pytest.mark.quick
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU form of the GPU test above")
 def test_every_arm_of_the_dry_run_builds_engages_and_captures(plugin_loaded, monkeypatch):
     seen = []

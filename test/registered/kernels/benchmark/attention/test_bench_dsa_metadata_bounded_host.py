@@ -38,6 +38,7 @@ def test_the_host_dry_run_calls_every_arm_and_records_the_host_floor(tmp_path, c
     assert len(rows) == len(OPS) * 2 and all(row.split(" | ")[-2] == floor for row in rows)
 
 
+@pytest.mark.quick
 def test_a_dry_run_is_of_the_host_table_only(capsys):
     with pytest.raises(SystemExit) as done:
         bench.main(["--dry-run"])

@@ -83,7 +83,6 @@ def test_the_serving_loop_on_the_gpu_is_bit_identical_compiles_nothing_and_absor
     assert 0.25 < long / requests < 0.45, "about a third of the requests past 64k tokens"
 
 
-@pytest.mark.quick
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine the GPU form runs instead")
 def test_the_serving_loop_on_the_cpu_is_bit_identical_and_absorbs_failures(served):
     config = serving_loop.LoopConfig(
@@ -96,6 +95,7 @@ def test_the_serving_loop_on_the_cpu_is_bit_identical_and_absorbs_failures(serve
         assert server.captured == [1, 2, 3, 4, 5], server.name
 
 
+@pytest.mark.quick
 def test_the_comparison_names_a_planted_difference_in_each_buffer_and_refuses_uncompared_metadata(
     served,
 ):

@@ -23,6 +23,9 @@ NOT_QUICK = {
     "test/registered/kernels/benchmark/speculative/test_bench_verify_argmax_exchange.py": (
         "both CPU tests are dry runs of a whole benchmark, one of them in a CPU TP group"
     ),
+    "test/registered/kernels/benchmark/attention/test_bench_dsa_serving_slice.py": (
+        "its one CPU test is the benchmark's whole dry run, the serving loop at its least rounds"
+    ),
 }
 
 

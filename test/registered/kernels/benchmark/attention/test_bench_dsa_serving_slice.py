@@ -21,7 +21,6 @@ from sglang_dsa_mtp.testing.scripts import load_script
 bench = load_script(Path(__file__).parent / "bench_dsa_serving_slice.py")
 
 
-@pytest.mark.quick
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a dry run is the CPU form")
 def test_the_dry_run_passes_the_loop_and_prints_every_table(
     fresh_switches, sglang_targets_restored, capsys, tmp_path

@@ -165,9 +165,12 @@ def _report(multi, state: MultiStepState, bs: int) -> None:
     that decides otherwise than that line said. A failure is named by its own ERROR line only."""
     plan = state.batch_sizes[bs]
     reason = plan.reason
-    outcome = "uses one launch" if reason is None else f"{_other_path(state)}: {reason}"
-    if plan.failed:
+    if reason is None:
+        outcome = "uses one launch"
+    elif plan.failed:
         outcome = f"{_other_path(state)} (its failure logged at ERROR)"
+    else:
+        outcome = f"{_other_path(state)}: {reason}"
     if state.one_launch_logged is not None:
         if (reason is None) != state.one_launch_logged:
             logger.info("sglang_dsa_mtp: MTP draft-decode metadata for bs %d %s", bs, outcome)

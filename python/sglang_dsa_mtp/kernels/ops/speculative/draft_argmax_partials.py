@@ -14,7 +14,6 @@ NaN rules): docs/switches.md, section "The exchange buffer".
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from typing import NamedTuple, Optional
 
@@ -31,9 +30,6 @@ LANES = 4  # fp32 lanes per candidate
 MAX_VOCAB = 1 << 24  # lanes 2 and 3 store column and column + 1 exactly as fp32 integers
 NAN_POLICIES = ("sanitize", "propagate")
 LOGITS_DTYPES = (torch.bfloat16, torch.float32)
-
-# fp32 bits of -1e30 (0xF149F2CA as int32): the value SGLang's draft_topk1_postprocess gives a NaN.
-_NEG_1E30_BITS = struct.unpack("<i", struct.pack("<f", -1e30))[0]
 
 
 def splits_per_rank(shard_width: int) -> int:
@@ -54,8 +50,8 @@ def exchange_shape(rows: int, shard_width: int, tp_size: int) -> tuple[int, int]
 
 
 @triton.jit
-def _max_and_min(a_max, a_min, b_max, b_min):
-    return tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
+def _max_keeping_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit(do_not_specialize=["tp_rank", "col_base", "valid_width"])
@@ -71,7 +67,6 @@ def _draft_argmax_partials_kernel(
     splits,
     col_base,
     valid_width,
-    NEG_1E30_BITS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_TP: tl.constexpr,
     LANES: tl.constexpr,
@@ -80,27 +75,33 @@ def _draft_argmax_partials_kernel(
     split = tl.program_id(1)
     offs = split * BLOCK_N + tl.arange(0, BLOCK_N)
     valid = offs < valid_width
-    vals = tl.load(logits + row * logits_stride_0 + offs * logits_stride_1, mask=valid, other=0.0)
-    # Integers from here on: bf16 -> fp32 is exact, then the fp32 bit pattern.
-    bits = vals.to(tl.float32).to(tl.int32, bitcast=True)
-    magnitude = bits & 0x7FFFFFFF
-    is_nan = valid & (magnitude > 0x7F800000)
-    bits = tl.where(magnitude == 0, 0, bits)  # -0.0 compares equal to +0.0
-    bits = tl.where(is_nan, NEG_1E30_BITS, bits)  # draft_topk1_postprocess: NaN -> -1e30
-    # Order-preserving signed key; masked lanes below everything (-inf is 0x807FFFFF).
+    # bf16 -> fp32 is exact. Masked lanes read -inf: they sit at higher columns than every valid
+    # one, so the lowest column at the max is a valid one whenever the split has one.
+    vals = tl.load(
+        logits + row * logits_stride_0 + offs * logits_stride_1, mask=valid, other=float("-inf")
+    ).to(tl.float32)
+    # Two float reductions: the max, then the lowest column holding it. A NaN (rare) shows as a
+    # NaN max; then the first NaN column is taken, and the max again with NaN as -1e30, as
+    # draft_topk1_postprocess counts it (-0.0 and +0.0 compare equal, as in torch.argmax).
+    best = tl.reduce(vals, 0, _max_keeping_nan)
+    if best != best:
+        is_nan = vals != vals
+        first_nan = tl.min(tl.where(is_nan, offs, 2147483647), 0)
+        vals = tl.where(is_nan, -1e30, vals)
+        best = tl.max(vals, 0)
+    else:
+        first_nan = 2147483647
+    local = tl.min(tl.where(vals == best, offs, 2147483647), 0)
+    # The max's order-preserving key: its fp32 bits (-0.0 as +0.0), negatives with the magnitude
+    # bits flipped; as unsigned, 0 exactly when the split has no valid column.
+    bits = best.to(tl.int32, bitcast=True)
+    bits = tl.where((bits & 0x7FFFFFFF) == 0, 0, bits)
     key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    key = tl.where(valid, key, -2147483647 - 1)
-    # One block reduction: the key in the high half and the reversed column in the low half of an
-    # int64 (the max is the max key at its lowest column), the first NaN column alongside.
-    packed = (key.to(tl.int64) << 32) | (0x7FFFFFFF - offs).to(tl.int64)
-    packed, first_nan = tl.reduce((packed, tl.where(is_nan, offs, 2147483647)), 0, _max_and_min)
-    best = (packed >> 32).to(tl.int32)
-    local = (0x7FFFFFFF - (packed & 0xFFFFFFFF)).to(tl.int32)
-
-    ukey = best.to(tl.int64) + 2147483648  # 0 exactly when the split has no valid column
+    has_valid = split * BLOCK_N < valid_width
+    ukey = tl.where(has_valid, key.to(tl.int64) + 2147483648, 0)
     key_hi = (ukey >> 16).to(tl.float32)
     key_lo = (ukey & 0xFFFF).to(tl.float32)
-    index = tl.where(local < valid_width, col_base + local, 0).to(tl.float32)
+    index = tl.where(has_valid, col_base + local, 0).to(tl.float32)
     nan_lane = tl.where(first_nan < valid_width, col_base + first_nan + 1, 0).to(tl.float32)
 
     ranks = tl.arange(0, BLOCK_TP)[:, None]
@@ -282,7 +283,6 @@ def launch_partials(
         layout.splits,
         layout.col_base,
         layout.valid_width,
-        NEG_1E30_BITS=_NEG_1E30_BITS,
         BLOCK_N=SPLIT_N,
         BLOCK_TP=next_power_of_2(layout.tp_size),
         LANES=LANES,

@@ -21,7 +21,9 @@ Arms, each one verify round, ``--calls`` rounds captured back to back in one CUD
 
 Before timing, both arms' tokens are checked equal. ``floor``: the bytes of one read of the bf16
 logits over the measured device-to-device copy bandwidth (read + write bytes per microsecond), the
-least any pick must move. ``gather MB``: the bf16 logits one rank receives per round at TP n,
+least any pick must move; ``ours pick / bound``: ours pick over the most it may take (from 80
+rows 1.5 x (floor + launch floor), up to 20 rows 2 launch floors + floor), met or not printed after
+the table. ``gather MB``: the bf16 logits one rank receives per round at TP n,
 ``rows x vocab x 2 x (n - 1) / n``; ``exchange KB``: the fp32 exchange buffer at TP n,
 ``rows x n x splits x 16`` bytes (``splits`` = 2048-column splits of a rank's shard).
 
@@ -146,6 +148,31 @@ def per_tp(rows: int, vocab: int) -> dict:
     return out
 
 
+def pick_bound_us(rows: int, floor_us: float, launch_floor_us: float):
+    """The most the pick (partials + finalize) may take at ``rows`` rows: 1.5 x (one read of the
+    bf16 logits + one launch floor) from 80 rows on, 2 launch floors + the read up to 20 rows;
+    None in between (no bound)."""
+    if rows >= 80:
+        return 1.5 * (floor_us + launch_floor_us)
+    if rows <= 20:
+        return 2 * launch_floor_us + floor_us
+    return None
+
+
+def bound_verdict(points: list) -> str:
+    """One line per bound: met, or the row counts where the pick exceeds it."""
+    lines = []
+    for name, test in (
+        ("from 80 rows, ours pick <= 1.5 x (floor + launch floor)", lambda rows: rows >= 80),
+        ("up to 20 rows, ours pick <= 2 launch floors + floor", lambda rows: rows <= 20),
+    ):
+        bounded = [p for p in points if test(p["rows"])]
+        missed = [p["rows"] for p in bounded if p["us"]["ours pick"] > p["pick_bound_us"]]
+        if bounded:
+            lines.append(f"{name}: " + (f"MISSED at rows {missed}" if missed else "met"))
+    return "\n".join(lines)
+
+
 def cell(value, spec=".1f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -185,7 +212,7 @@ def main(argv=None) -> int:
         f"bf16 head\n\n{where}{timing if timed else ''}\n"
     )
     tp_cells = [f"gather MB / exchange KB TP{tp}" for tp in TP_SIZES]
-    header = ["EAGLE", "bs", "rows", *ARMS, "stock - ours", "floor", *tp_cells]
+    header = ["EAGLE", "bs", "rows", *ARMS, "stock - ours", "floor", "ours pick / bound", *tp_cells]
     print(markdown_header(header))
     points, status = [], 0
     for launch in args.launch:
@@ -196,13 +223,14 @@ def main(argv=None) -> int:
                 print(f"EAGLE {launch} bs {bs}: the arms' tokens differ", file=sys.stderr)
                 status = 1
             times = dict.fromkeys(ARMS)
-            floor = None
+            floor = bound = None
             if not timed:
                 for body in round_.bodies().values():
                     body()
             else:
                 times = interleaved_us(round_.bodies(), args.calls, args.replays)
                 floor = rows * args.vocab * 2 / floors["copy_bytes_per_us"]
+                bound = pick_bound_us(rows, floor, floors["launch_floor_us"])
             moved = per_tp(rows, args.vocab)
             saved = None if times["stock"] is None else times["stock"] - times["ours"]
             print(
@@ -214,6 +242,7 @@ def main(argv=None) -> int:
                         *(cell(times[arm]) for arm in ARMS),
                         cell(saved),
                         cell(floor),
+                        "-" if bound is None else f"{times['ours pick'] / bound:.2f}",
                         *(
                             f"{moved[tp]['gather_bytes'] / 1e6:.1f} / "
                             f"{moved[tp]['exchange_bytes'] / 1e3:.1f}"
@@ -223,9 +252,19 @@ def main(argv=None) -> int:
                 )
             )
             points.append(
-                dict(launch=launch, bs=bs, rows=rows, us=times, floor_us=floor, per_tp=moved)
+                dict(
+                    launch=launch,
+                    bs=bs,
+                    rows=rows,
+                    us=times,
+                    floor_us=floor,
+                    pick_bound_us=bound,
+                    per_tp=moved,
+                )
             )
     print("\ntokens equal in every row" if status == 0 else "\nTOKENS DIFFER (see above)")
+    if timed:
+        print(bound_verdict(points))
     if args.json:
         write_json(args.json, dict(args=vars(args), **floors, points=points))
     return status

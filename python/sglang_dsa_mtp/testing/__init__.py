@@ -23,6 +23,10 @@ this package. What is here:
 - ``tp``: tensor-parallel groups of processes: spawning them, SGLang's real TP group on CPU (gloo)
   and on GPU (one all-reduce route at a time), a raw NCCL group and its all-reduce arms, the
   all-reduce route recorder and capture replayer, and the TP benchmarks' helpers;
+- ``tp_routes``: what the argmax exchanges' route tests and route benchmarks share, in SGLang's TP
+  group one all-reduce route at a time: each rank's body around an exchange's own checks or arms,
+  the hard rows over a rank's LM-head logits, the verdict on the ranks' reports, the benchmarks'
+  options, timed arms and tables;
 - ``deployment``: the target and MTP draft LM heads built as SGLang builds them for a (quantized)
   checkpoint, and their logits path (forward, SGLang's greedy pick, the per-shard reference);
 - ``verify_logits_memory``: the target model's LM head and LogitsProcessor captured as SGLang's

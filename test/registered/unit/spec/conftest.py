@@ -14,6 +14,10 @@ of the full weight, and the processor's ``_compute_lm_head`` (then its ``logit_s
 adds rank 0's exchange buffer of them (the plugin's exchange), so both paths see a whole vocabulary.
 The reference they are compared with, ``DraftHead.gathered_logits``, is computed apart from both,
 from the full weight (``deployment.reference_logits``). SGLang is imported inside the fixtures.
+
+For the route tests in SGLang's real TP group, which spawn SGLang in worker processes on the GPU:
+``sglang_runtime`` skips a test, with the reason, where those workers cannot import SGLang, and
+``tp_gpus`` (the visible GPU count) also below two GPUs.
 """
 
 import contextlib
@@ -27,6 +31,7 @@ import torch
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_partials
 from sglang_dsa_mtp.testing import deployment
 from sglang_dsa_mtp.testing.deployment import reference_logits
+from sglang_dsa_mtp.testing.sglang_import import sglang_runtime_missing
 
 HIDDEN = 64
 
@@ -314,3 +319,27 @@ def target_head(draft_head):
     )
     with get_spec().override(**eagle), get_schedule().override(max_running_requests=48):
         yield build
+
+
+def _skip_without_sglang_runtime() -> None:
+    missing = sglang_runtime_missing()
+    if missing:
+        pytest.skip(f"{missing}: source test/gpu_sglang_env.sh first")
+
+
+@pytest.fixture
+def sglang_runtime() -> None:
+    """Skips the test where its worker processes cannot import SGLang (``source
+    test/gpu_sglang_env.sh`` provides SGLang's dependencies)."""
+    _skip_without_sglang_runtime()
+
+
+@pytest.fixture
+def tp_gpus() -> int:
+    """The visible CUDA GPUs, the size of a real TP group through SGLang; skips the test below two
+    GPUs, then as ``sglang_runtime`` does."""
+    world = torch.cuda.device_count()
+    if world < 2:
+        pytest.skip(f"needs at least 2 CUDA GPUs for a real TP group, found {world}")
+    _skip_without_sglang_runtime()
+    return world

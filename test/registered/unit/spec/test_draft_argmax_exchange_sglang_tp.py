@@ -19,36 +19,20 @@ worker runs eagerly in a two-process gloo group (the ``gloo`` route, small sizes
 the harness's checks too.
 """
 
-import json
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 
+from sglang_dsa_mtp.testing import tp_routes
 from sglang_dsa_mtp.testing.argmax_cases import (
     differences,
-    make_overlay,
     padded_shard_width,
     pick_state,
     reference_pick,
 )
-from sglang_dsa_mtp.testing.sglang_import import require_sglang, sglang_runtime_missing
-from sglang_dsa_mtp.testing.tp import (
-    CPU_ROUTE,
-    GPU_ROUTES,
-    AllReduceRecorder,
-    RouteUnavailable,
-    capture_replayer,
-    describe_communicators,
-    read_reports,
-    route_group,
-    route_offered,
-    route_taken,
-    run_group,
-    shared_hidden,
-)
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.tp import CPU_ROUTE, GPU_ROUTES, read_reports, run_group, shared_hidden
 
 
 @dataclass(frozen=True)
@@ -78,26 +62,13 @@ GPU_SIZES = Sizes(
 CPU_SIZES = Sizes(vocabs=(1001,), hidden=64, decode_rows=(3,), extend_rows=2, replays=2)
 
 
-# Where the exchange must engage: on a route that is not NCCL inside the capture.
-ENGAGES = {
-    "custom-ar-v2": True,
-    "custom-ar-legacy": True,
-    "torch-symm-mem": False,  # SGLang's torch symmetric memory all-reduce takes bf16 only
-    "pynccl": False,
-    "symm-mem-pynccl": False,
-    CPU_ROUTE: True,
-}
+def check_route(world, route, sizes, tmp_path, timeout_s) -> list[dict]:
+    """:func:`exchange_routes_worker` on ``world`` ranks for ``route``, then each rank's report
+    checked at ``sizes``; returns the reports."""
+    run_group(exchange_routes_worker, world, str(tmp_path), route, timeout_s=timeout_s)
+    reports = read_reports(str(tmp_path), world)
 
-
-def check_reports(reports, world, route, sizes):
-    assert [r["rank"] for r in reports] == list(range(world)), reports
-    skipped = sorted({r["skipped"] for r in reports if r.get("skipped")})
-    if skipped:
-        pytest.skip("; ".join(skipped))
-    for report in reports:
-        where = f"rank {report['rank']}, route {route}"
-        assert report["failures"] == [], where
-        assert report["feature"][0], f"{where}: {report['feature'][1]}"
+    def check_rank(report, where):
         assert len(report["all_reduce"]) == 2 * len(sizes.vocabs), where
         for check in report["all_reduce"]:
             assert check["predicted"] == check["taken"], f"{where}: {check}"
@@ -106,37 +77,28 @@ def check_reports(reports, world, route, sizes):
         for forward in report["forwards"]:
             assert forward["checked"] == (len(sizes.decode_rows) + 1) * sizes.replays, where
             if report["not_offered"] is None:
-                assert forward["engaged"] is ENGAGES[route], f"{where}: {forward}"
+                assert forward["engaged"] is tp_routes.ENGAGES[route], f"{where}: {forward}"
             if forward["engaged"]:
                 assert forward["taken"] == [forward["route"]] * (len(sizes.decode_rows) + 1)
-    not_offered = sorted({r["not_offered"] for r in reports if r["not_offered"]})
-    if not_offered:
-        pytest.skip(f"route {route} not offered here ({'; '.join(not_offered)}); checks passed")
+
+    return tp_routes.check_route_reports(reports, world, route, check_rank)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("route", GPU_ROUTES)
 def test_exchange_takes_the_predicted_route_and_picks_sglangs_tokens_in_cuda_graphs(
-    route, tmp_path
+    route, tp_gpus, tmp_path
 ):
-    world = torch.cuda.device_count()
-    if world < 2:
-        pytest.skip(f"needs at least 2 CUDA GPUs for a real TP group, found {world}")
-    missing = sglang_runtime_missing()
-    if missing:
-        pytest.skip(f"{missing}: source test/gpu_sglang_env.sh first")
-    run_group(exchange_routes_worker, world, str(tmp_path), route, timeout_s=900)
-    check_reports(read_reports(str(tmp_path), world), world, route, GPU_SIZES)
+    check_route(tp_gpus, route, GPU_SIZES, tmp_path, timeout_s=900)
 
 
 @pytest.mark.gpu
-def test_one_gpu_builds_sglangs_group_and_replays_the_gathered_pick_in_cuda_graphs(tmp_path):
+def test_one_gpu_builds_sglangs_group_and_replays_the_gathered_pick_in_cuda_graphs(
+    sglang_runtime, tmp_path
+):
     """The harness on one GPU: SGLang's group of one rank on NCCL with its defaults, the plugin
     registered, the captures inside ``graph_capture()``; the processor keeps the gather (nothing to
     exchange with), and every replay picks SGLang's tokens."""
-    missing = sglang_runtime_missing()
-    if missing:
-        pytest.skip(f"{missing}: source test/gpu_sglang_env.sh first")
     run_group(exchange_routes_worker, 1, str(tmp_path), "custom-ar-v2", timeout_s=900)
     (report,) = read_reports(str(tmp_path), 1)
     assert report["failures"] == [] and report["feature"][0], report
@@ -152,10 +114,7 @@ def test_one_gpu_builds_sglangs_group_and_replays_the_gathered_pick_in_cuda_grap
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU (gloo) harness; this machine has CUDA")
 def test_exchange_route_checks_hold_eagerly_in_a_cpu_tp_group(tmp_path):
     require_sglang()
-    run_group(exchange_routes_worker, 2, str(tmp_path), CPU_ROUTE, timeout_s=600)
-    reports = read_reports(str(tmp_path), 2)
-    check_reports(reports, 2, CPU_ROUTE, CPU_SIZES)
-    for report in reports:
+    for report in check_route(2, CPU_ROUTE, CPU_SIZES, tmp_path, timeout_s=600):
         assert {c["predicted"] for c in report["all_reduce"]} == {
             "CPU shared memory or torch.distributed"
         }
@@ -172,14 +131,11 @@ def check_all_reduce_route(group, recorder, shape, device, replays: int) -> dict
 
     buffer = torch.zeros(shape, dtype=torch.float32, device=device)
     predicted, on_nccl = all_reduce_route(group, buffer)
-    with recorder.recording() as calls:
-        replay = capture_replayer(lambda: group.all_reduce(buffer), group, device)
+    replay, taken = tp_routes.capture_on_route(
+        lambda: group.all_reduce(buffer), group, device, recorder
+    )
     result = dict(
-        shape=list(shape),
-        predicted=predicted,
-        on_nccl=on_nccl,
-        taken=route_taken(calls, group, device),
-        sums_exact=True,
+        shape=list(shape), predicted=predicted, on_nccl=on_nccl, taken=taken, sums_exact=True
     )
     world, rank = group.world_size, group.rank_in_group
     for k in range(replays):
@@ -188,37 +144,6 @@ def check_all_reduce_route(group, recorder, shape, device, replays: int) -> dict
         expected = torch.full(shape, float(world * (world + 1) // 2 * (k + 1)), device=device)
         result["sums_exact"] &= bool(torch.equal(reduced, expected))
     return result
-
-
-class _Overlay:
-    """Static ``[rows, shard_width]`` pattern values (in the logits dtype) and a mask, written
-    over this rank's LM-head logits: the hard cases of :func:`argmax_cases.make_overlay`."""
-
-    def __init__(self, rows, world, rank, width, vocab, dtype, device):
-        self.shape = (rows, world, width, vocab)
-        self.shard = slice(rank * width, (rank + 1) * width)
-        self.values = torch.zeros(rows, width, dtype=dtype, device=device)
-        self.defined = torch.zeros(rows, width, dtype=torch.bool, device=device)
-
-    def fill(self, first_pattern: int) -> list[str]:
-        values, defined, names = make_overlay(*self.shape, first_pattern=first_pattern)
-        self.values.copy_(values[:, self.shard].to(self.values.dtype))
-        self.defined.copy_(defined[:, self.shard])
-        return names
-
-    def apply_to(self, processor, stash: dict) -> None:
-        """Wrap ``processor._compute_lm_head`` (both SGLang's gather and the plugin's exchange
-        call it): the GEMM, then the patterns; the result is kept in ``stash["logits"]``."""
-        compute = processor._compute_lm_head
-
-        def compute_with_patterns(hidden_states, *args, **kwargs):
-            logits = compute(hidden_states, *args, **kwargs)
-            rows = logits.shape[0]
-            logits = torch.where(self.defined[:rows], self.values[:rows], logits)
-            stash["logits"] = logits
-            return logits
-
-        processor._compute_lm_head = compute_with_patterns
 
 
 def _forward_cases(sizes: Sizes, device) -> list:
@@ -266,13 +191,11 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
     if engaged != expect_engaged:
         failures.append(f"{where}: engaged {engaged}, expected {expect_engaged}")
     width = lm_head.num_embeddings_per_partition
-    overlay = _Overlay(sizes.max_rows, world, rank, width, vocab, dtype, device)
+    overlay = tp_routes.ShardOverlay(sizes.max_rows, world, rank, width, vocab, dtype, device)
     arms = {"gather": gather_processor}
     if engaged:
         arms["exchange"] = exchange_processor
-    stashes = {name: {} for name in arms}
-    for name, processor in arms.items():
-        overlay.apply_to(processor, stashes[name])
+    stashes = {name: overlay.apply_to(processor) for name, processor in arms.items()}
 
     for mode, rows, select in _forward_cases(sizes, device):
         picked = rows if select is None else select.shape[0]
@@ -287,13 +210,9 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
                 pick = sglang_pick(output, mode, *state)
                 return pick, output.next_token_argmax_partials is not None
 
-            with recorder.recording() as calls:
-                replays[name] = capture_replayer(body, group, device)
+            replays[name], taken = tp_routes.capture_on_route(body, group, device, recorder)
             if name == "exchange":
-                taken = route_taken(calls, group, device)
-                result["taken"].append(taken)
-                if taken != state.route:
-                    failures.append(f"{case}: the exchange ran on {taken}, predicted {state.route}")
+                tp_routes.record_route_taken(result, taken, state.route, case)
         for k in range(sizes.replays):
             names = overlay.fill(first_pattern=k * picked + rows)
             hidden.copy_(
@@ -352,8 +271,9 @@ def exchange_routes_worker(
     """Body of the route test of the draft argmax exchange, one process per rank; writes
     ``rank<r>.json``.
 
-    In SGLang's TP group for ``route_name`` (:func:`route_group`), with the plugin registered and its
-    hooks applied by SGLang's ``HookRegistry``, and :class:`AllReduceRecorder` on the group:
+    In SGLang's TP group for ``route_name``, with the plugin registered and its hooks applied by
+    SGLang's ``HookRegistry``, and an ``AllReduceRecorder`` on the group
+    (``tp_routes.run_route_checks``):
 
     * the device communicators SGLang built, and whether the route is offered here;
     * for each vocab, the fp32 exchange buffer's all-reduce at 1 and the most rows: the route
@@ -372,61 +292,40 @@ def exchange_routes_worker(
     rank (one GPU) the processor gathers nothing and keeps SGLang's path; the group, the captures
     and the picks are still checked.
     """
-    start = time.monotonic()
-    sizes = CPU_SIZES if route_name == CPU_ROUTE else GPU_SIZES
-    report = dict(rank=rank, world=world, route=route_name, failures=[], all_reduce=[], forwards=[])
-    failures = report["failures"]
-    try:
-        with route_group(rank, world, init_method, route_name) as (group, device):
-            from sglang.srt.plugins.hook_registry import HookRegistry
+    tp_routes.run_route_checks(
+        rank, world, init_method, result_dir, route_name, "draft_argmax_exchange", _check_routes
+    )
 
-            from sglang_dsa_mtp import plugin
-            from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
 
-            plugin.register()
-            HookRegistry.apply_hooks()
-            status = plugin.feature_status()["draft_argmax_exchange"]
-            report["feature"] = [status.enabled, status.reason]
-            report["communicators"] = describe_communicators(group)
-            report["not_offered"] = route_offered(route_name, report["communicators"])
-            report["setup_s"] = round(time.monotonic() - start, 2)
-            if not status.enabled:
-                failures.append(f"the draft argmax exchange is off: {status.reason}")
-                return
-            with AllReduceRecorder(group) as recorder:
-                for i, vocab in enumerate(sizes.vocabs):
-                    width = padded_shard_width(vocab, world)
-                    checks = [
-                        check_all_reduce_route(
-                            group,
-                            recorder,
-                            exchange_shape(rows, width, world),
-                            device,
-                            sizes.replays,
-                        )
-                        for rows in sorted({1, sizes.max_rows})
-                    ]
-                    report["all_reduce"] += checks
-                    for check in checks:
-                        if check["predicted"] != check["taken"]:
-                            failures.append(
-                                f"vocab {vocab}, {check['shape']}: all-reduce predicted "
-                                f"{check['predicted']}, taken {check['taken']}"
-                            )
-                        if not check["sums_exact"]:
-                            failures.append(f"vocab {vocab}, {check['shape']}: inexact sum")
-                    # One rank gathers nothing: the exchange needs a TP group.
-                    expect_engaged = world > 1 and not any(c["on_nccl"] for c in checks)
-                    for j, dtype in enumerate(sizes.dtypes):
-                        result = _check_forwards(
-                            group, recorder, device, sizes, vocab, dtype, expect_engaged, 10 * i + j
-                        )
-                        failures += result.pop("failures")
-                        report["forwards"].append(result)
-    except RouteUnavailable as exc:
-        report["skipped"] = str(exc)
-    finally:
-        report["seconds"] = round(time.monotonic() - start, 2)
-        Path(result_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=1))
-    if failures:
-        raise AssertionError(f"rank {rank}, route {route_name}: " + "\n".join(failures[:20]))
+def _check_routes(group, device, recorder, report) -> None:
+    """:func:`exchange_routes_worker`'s checks in the route's group, at the route's sizes."""
+    from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
+
+    sizes = CPU_SIZES if report["route"] == CPU_ROUTE else GPU_SIZES
+    world, failures = group.world_size, report["failures"]
+    report["all_reduce"] = []
+    for i, vocab in enumerate(sizes.vocabs):
+        width = padded_shard_width(vocab, world)
+        checks = [
+            check_all_reduce_route(
+                group, recorder, exchange_shape(rows, width, world), device, sizes.replays
+            )
+            for rows in sorted({1, sizes.max_rows})
+        ]
+        report["all_reduce"] += checks
+        for check in checks:
+            if check["predicted"] != check["taken"]:
+                failures.append(
+                    f"vocab {vocab}, {check['shape']}: all-reduce predicted "
+                    f"{check['predicted']}, taken {check['taken']}"
+                )
+            if not check["sums_exact"]:
+                failures.append(f"vocab {vocab}, {check['shape']}: inexact sum")
+        # One rank gathers nothing: the exchange needs a TP group.
+        expect_engaged = world > 1 and not any(c["on_nccl"] for c in checks)
+        for j, dtype in enumerate(sizes.dtypes):
+            result = _check_forwards(
+                group, recorder, device, sizes, vocab, dtype, expect_engaged, 10 * i + j
+            )
+            failures += result.pop("failures")
+            report["forwards"].append(result)

@@ -30,29 +30,16 @@ replay). On the CPU (CI) it runs eagerly in a two-process gloo group at vocab 10
 
 import contextlib
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.argmax_cases import make_overlay, padded_shard_width
-from sglang_dsa_mtp.testing.sglang_import import require_sglang, sglang_runtime_missing
-from sglang_dsa_mtp.testing.tp import (
-    CPU_ROUTE,
-    GPU_ROUTES,
-    AllReduceRecorder,
-    RouteUnavailable,
-    capture_replayer,
-    describe_communicators,
-    read_reports,
-    route_group,
-    route_offered,
-    route_taken,
-    run_group,
-    shared_hidden,
-)
+from sglang_dsa_mtp.testing import tp_routes
+from sglang_dsa_mtp.testing.argmax_cases import padded_shard_width
+from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from sglang_dsa_mtp.testing.tp import CPU_ROUTE, GPU_ROUTES, read_reports, run_group, shared_hidden
 
 STEPS = 4  # EAGLE 4/1/5
 TOKENS = STEPS + 1
@@ -93,79 +80,51 @@ CPU_SIZES = Sizes(
     sampled="sampled",
 )
 
-# Where the exchange must engage at TP > 1: on a route that is not NCCL inside the capture.
-ENGAGES = {
-    "custom-ar-v2": True,
-    "custom-ar-legacy": True,
-    "torch-symm-mem": False,  # SGLang's torch symmetric memory all-reduce takes bf16 only
-    "pynccl": False,
-    "symm-mem-pynccl": False,
-    CPU_ROUTE: True,
-}
 
-
-def check_reports(reports, world, route, sizes):
-    assert [r["rank"] for r in reports] == list(range(world)), reports
-    skipped = sorted({r["skipped"] for r in reports if r.get("skipped")})
-    if skipped:
-        pytest.skip("; ".join(skipped))
+def check_route(world, route, sizes, tmp_path, timeout_s) -> list[dict]:
+    """:func:`verify_routes_worker` on ``world`` ranks for ``route``, then each rank's report
+    checked at ``sizes``; returns the reports."""
+    run_group(verify_routes_worker, world, str(tmp_path), route, timeout_s=timeout_s)
+    reports = read_reports(str(tmp_path), world)
     checks_per_forward = len(sizes.batch_sizes) * sizes.replays
-    for report in reports:
-        where = f"rank {report['rank']}, route {route}"
-        assert report["failures"] == [], where
-        assert report["feature"][0], f"{where}: {report['feature'][1]}"
+
+    def check_rank(report, where):
         assert len(report["forwards"]) == len(sizes.vocabs) * len(sizes.dtypes), where
         for forward in report["forwards"]:
             assert forward["checked"] == checks_per_forward, f"{where}: {forward}"
             if report["not_offered"] is None:
-                expected = world == 1 or ENGAGES[route]
+                expected = world == 1 or tp_routes.ENGAGES[route]
                 assert forward["engaged"] is expected, f"{where}: {forward}"
             if forward["engaged"]:
                 assert forward["taken"] == [forward["route"]] * len(sizes.batch_sizes), forward
                 assert forward["greedy"] > 0 and forward["full_logits"] > 0, forward
             if forward["compiles"] is not None:
                 assert forward["compiles"] == [], f"{where}: compiled after the opt-in"
-    not_offered = sorted({r["not_offered"] for r in reports if r["not_offered"]})
-    if not_offered and world > 1:  # one rank all-reduces nothing: no route to offer
-        pytest.skip(f"route {route} not offered here ({'; '.join(not_offered)}); checks passed")
+
+    return tp_routes.check_route_reports(reports, world, route, check_rank)
+
+
+@pytest.mark.gpu
+def test_one_gpu_replays_the_tp1_verify_exchange_in_cuda_graphs(sglang_runtime, tmp_path):
+    """SGLang's group of one rank on NCCL with its defaults: the exchange engages without an
+    all-reduce, and the full logits are cast into SGLang's buffer after the replay."""
+    (report,) = check_route(1, "custom-ar-v2", GPU_SIZES, tmp_path, timeout_s=1200)
+    for forward in report["forwards"]:
+        assert forward["route"] == "none (one rank)", forward
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("route", GPU_ROUTES)
 def test_verify_exchange_takes_its_route_and_verifies_sglangs_tokens_in_cuda_graphs(
-    route, tmp_path
+    route, tp_gpus, tmp_path
 ):
-    world = torch.cuda.device_count()
-    if world < 2:
-        pytest.skip(f"needs at least 2 CUDA GPUs for a real TP group, found {world}")
-    missing = sglang_runtime_missing()
-    if missing:
-        pytest.skip(f"{missing}: source test/gpu_sglang_env.sh first")
-    run_group(verify_routes_worker, world, str(tmp_path), route, timeout_s=1200)
-    check_reports(read_reports(str(tmp_path), world), world, route, GPU_SIZES)
-
-
-@pytest.mark.gpu
-def test_one_gpu_replays_the_tp1_verify_exchange_in_cuda_graphs(tmp_path):
-    """SGLang's group of one rank on NCCL with its defaults: the exchange engages without an
-    all-reduce, and the full logits are cast into SGLang's buffer after the replay."""
-    missing = sglang_runtime_missing()
-    if missing:
-        pytest.skip(f"{missing}: source test/gpu_sglang_env.sh first")
-    run_group(verify_routes_worker, 1, str(tmp_path), "custom-ar-v2", timeout_s=1200)
-    (report,) = read_reports(str(tmp_path), 1)
-    check_reports([report], 1, "custom-ar-v2", GPU_SIZES)
-    for forward in report["forwards"]:
-        assert forward["route"] == "none (one rank)", forward
+    check_route(tp_gpus, route, GPU_SIZES, tmp_path, timeout_s=1200)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU (gloo) harness; this machine has CUDA")
 def test_verify_exchange_holds_eagerly_in_a_cpu_tp_group(tmp_path):
     require_sglang()
-    run_group(verify_routes_worker, 2, str(tmp_path), CPU_ROUTE, timeout_s=1800)
-    reports = read_reports(str(tmp_path), 2)
-    check_reports(reports, 2, CPU_ROUTE, CPU_SIZES)
-    for report in reports:
+    for report in check_route(2, CPU_ROUTE, CPU_SIZES, tmp_path, timeout_s=1800):
         for forward in report["forwards"]:
             assert forward["route"] == "CPU shared memory or torch.distributed", forward
 
@@ -255,32 +214,6 @@ def warm_up_failure_worker(rank: int, world: int, init_method: str, result_dir: 
     Path(result_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=1))
 
 
-class _Overlay:
-    """Static ``[rows, shard_width]`` pattern values (the logits dtype) and a mask, written over
-    this rank's LM-head logits: the hard cases of :func:`argmax_cases.make_overlay`."""
-
-    def __init__(self, rows, world, rank, width, vocab, dtype, device):
-        self.shape = (rows, world, width, vocab)
-        self.shard = slice(rank * width, (rank + 1) * width)
-        self.values = torch.zeros(rows, width, dtype=dtype, device=device)
-        self.defined = torch.zeros(rows, width, dtype=torch.bool, device=device)
-
-    def fill(self, first_pattern: int) -> None:
-        values, defined, _ = make_overlay(*self.shape, first_pattern=first_pattern)
-        self.values.copy_(values[:, self.shard].to(self.values.dtype))
-        self.defined.copy_(defined[:, self.shard])
-
-    def apply_to(self, processor) -> None:
-        compute = processor._compute_lm_head
-
-        def with_patterns(hidden_states, *args, **kwargs):
-            logits = compute(hidden_states, *args, **kwargs)
-            rows = logits.shape[0]
-            return torch.where(self.defined[:rows], self.values[:rows], logits)
-
-        processor._compute_lm_head = with_patterns
-
-
 # Replay k of a graph: greedy on even k; a sampled batch on k % 4 == 1, a greedy batch with a
 # logit-biased request on k % 4 == 3 (both verified on SGLang's full logits); the batch one request
 # short of the graph (padded) on k % 4 >= 2.
@@ -365,7 +298,7 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
     if decision.engaged != expect_engaged:
         failures.append(f"{where}: engaged {decision.engaged} ({decision.reason})")
     width = lm_head.num_embeddings_per_partition
-    overlay = _Overlay(sizes.max_rows, world, rank, width, vocab, dtype, device)
+    overlay = tp_routes.ShardOverlay(sizes.max_rows, world, rank, width, vocab, dtype, device)
     arms = {"stock": stock, "ours": ours} if decision.engaged else {"stock": stock}
     for processor in arms.values():
         overlay.apply_to(processor)
@@ -383,13 +316,10 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
                 )
 
             counted = compiles.counting() if name == "ours" else contextlib.nullcontext()
-            with recorder.recording() as calls, counted:
-                replays[name] = capture_replayer(body, group, device)
+            with counted:
+                replays[name], taken = tp_routes.capture_on_route(body, group, device, recorder)
             if name == "ours":
-                taken = route_taken(calls, group, device)
-                result["taken"].append(taken)
-                if taken != state.route:
-                    failures.append(f"{case}: the exchange ran on {taken}, predicted {state.route}")
+                tp_routes.record_route_taken(result, taken, state.route, case)
         for k in range(sizes.replays):
             raw_bs, kinds = _round(k, bs, sizes.sampled)
             raw = raw_bs * TOKENS
@@ -457,76 +387,52 @@ def verify_routes_worker(
     rank: int, world: int, init_method: str, result_dir: str, route_name: str
 ) -> None:
     """Body of the route test of the target-verify exchange, one process per rank; writes
-    ``rank<r>.json``. In SGLang's TP group for ``route_name`` (:func:`route_group`), an EAGLE
-    4/1/5 launch of up to 48 requests, the plugin registered and its hooks applied by SGLang's
-    ``HookRegistry``, SGLang's verify kernels as their Triton implementations, and
-    :class:`AllReduceRecorder` on the group: for each vocab and dtype, :func:`_check_forwards`.
+    ``rank<r>.json``. In SGLang's TP group for ``route_name``, the plugin registered and its hooks
+    applied by SGLang's ``HookRegistry``, an ``AllReduceRecorder`` on the group
+    (``tp_routes.run_route_checks``), an EAGLE 4/1/5 launch of up to 48 requests and SGLang's
+    verify kernels as their Triton implementations: for each vocab and dtype,
+    :func:`_check_forwards`.
     On the CPU (``route_name == "gloo"``) the same runs eagerly, at :data:`CPU_SIZES`."""
-    start = time.monotonic()
-    sizes = CPU_SIZES if route_name == CPU_ROUTE else GPU_SIZES
-    report = dict(rank=rank, world=world, route=route_name, failures=[], forwards=[])
-    failures = report["failures"]
-    try:
-        with route_group(rank, world, init_method, route_name) as (group, device):
-            from sglang.srt.plugins.hook_registry import HookRegistry
-            from sglang.srt.runtime_context import get_schedule, get_spec
+    tp_routes.run_route_checks(
+        rank, world, init_method, result_dir, route_name, "verify_argmax_exchange", _check_routes
+    )
 
-            from sglang_dsa_mtp import plugin
-            from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
-            from sglang_dsa_mtp.integration.vocab_shard_exchange import kept_bytes_per_row
-            from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
-            from sglang_dsa_mtp.testing.verify_rounds import verify_kernels_in_triton
 
-            plugin.register()
-            HookRegistry.apply_hooks()
-            status = plugin.feature_status()["verify_argmax_exchange"]
-            report["feature"] = [status.enabled, status.reason]
-            report["communicators"] = describe_communicators(group)
-            report["not_offered"] = route_offered(route_name, report["communicators"])
-            report["setup_s"] = round(time.monotonic() - start, 2)
-            if not status.enabled:
-                failures.append(f"the verify argmax exchange is off: {status.reason}")
-                return
-            eagle = dict(
-                speculative_algorithm="EAGLE",
-                speculative_num_steps=STEPS,
-                speculative_eagle_topk=1,
-                speculative_num_draft_tokens=TOKENS,
+def _check_routes(group, device, recorder, report) -> None:
+    """:func:`verify_routes_worker`'s checks in the route's group, at the route's sizes."""
+    from sglang.srt.runtime_context import get_schedule, get_spec
+
+    from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
+    from sglang_dsa_mtp.integration.vocab_shard_exchange import kept_bytes_per_row
+    from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
+    from sglang_dsa_mtp.testing.verify_rounds import verify_kernels_in_triton
+
+    sizes = CPU_SIZES if report["route"] == CPU_ROUTE else GPU_SIZES
+    world = group.world_size
+    eagle = dict(
+        speculative_algorithm="EAGLE",
+        speculative_num_steps=STEPS,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=TOKENS,
+    )
+    with (
+        get_spec().override(**eagle),
+        get_schedule().override(max_running_requests=48),
+        verify_kernels_in_triton(),
+    ):
+        for i, vocab in enumerate(sizes.vocabs):
+            width = padded_shard_width(vocab, world)
+            nccl = any(
+                all_reduce_route(
+                    group, torch.empty(exchange_shape(rows, width, world), device=device)
+                )[1]
+                for rows in (1, sizes.max_rows)
             )
-            with (
-                get_spec().override(**eagle),
-                get_schedule().override(max_running_requests=48),
-                verify_kernels_in_triton(),
-                AllReduceRecorder(group) as recorder,
-            ):
-                for i, vocab in enumerate(sizes.vocabs):
-                    width = padded_shard_width(vocab, world)
-                    nccl = any(
-                        all_reduce_route(
-                            group,
-                            torch.empty(exchange_shape(rows, width, world), device=device),
-                        )[1]
-                        for rows in (1, sizes.max_rows)
-                    )
-                    for j, dtype in enumerate(sizes.dtypes):
-                        # An fp32 shard at TP 1 and its tokens do not fit a row of the buffer.
-                        fits = kept_bytes_per_row(width, dtype) <= vocab * 4
-                        result = _check_forwards(
-                            group,
-                            recorder,
-                            device,
-                            sizes,
-                            vocab,
-                            dtype,
-                            fits and not nccl,
-                            10 * i + j,
-                        )
-                        failures += result.pop("failures")
-                        report["forwards"].append(result)
-    except RouteUnavailable as exc:
-        report["skipped"] = str(exc)
-    finally:
-        report["seconds"] = round(time.monotonic() - start, 2)
-        Path(result_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=1))
-    if failures:
-        raise AssertionError(f"rank {rank}, route {route_name}: " + "\n".join(failures[:20]))
+            for j, dtype in enumerate(sizes.dtypes):
+                # An fp32 shard at TP 1 and its tokens do not fit a row of the buffer.
+                fits = kept_bytes_per_row(width, dtype) <= vocab * 4
+                result = _check_forwards(
+                    group, recorder, device, sizes, vocab, dtype, fits and not nccl, 10 * i + j
+                )
+                report["failures"] += result.pop("failures")
+                report["forwards"].append(result)

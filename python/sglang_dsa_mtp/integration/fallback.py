@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sglang_dsa_mtp.kernels.ops.launch import warm_up
+from sglang_dsa_mtp.kernels.ops.launch import keyword_call, warm_up
 from sglang_dsa_mtp.log import log_failure
 
 
@@ -29,17 +29,28 @@ class Fallback:
     ``failed`` holds the batch sizes that fell back; :meth:`fall_back` sends one there for good
     (when ours raises, at a replay or at its warm-up) and logs why, once."""
 
-    __slots__ = ("ours", "sglang", "what", "failed")
+    __slots__ = ("_ours", "_ours_by_keyword", "sglang", "what", "failed")
 
     def __init__(self, ours: Callable, sglang: Callable, *, what: str):
         self.ours, self.sglang, self.what = ours, sglang, what
         self.failed: set = set()
 
+    @property
+    def ours(self) -> Callable:
+        return self._ours
+
+    @ours.setter
+    def ours(self, ours: Callable) -> None:
+        # SGLang calls by keyword: ``ours(**kwargs)`` as one call of the dict (launch.keyword_call)
+        self._ours, self._ours_by_keyword = ours, keyword_call(ours)
+
     def __call__(self, *args, **kwargs):
         bs = kwargs.get("bs")
         if bs not in self.failed:
             try:
-                return self.ours(*args, **kwargs)
+                if args:
+                    return self._ours(*args, **kwargs)
+                return self._ours_by_keyword(kwargs)
             except Exception as exc:  # never take the server down: SGLang's kernel takes over
                 self.fall_back(bs, exc)
         return self.sglang(*args, **kwargs)

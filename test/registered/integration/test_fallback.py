@@ -121,3 +121,19 @@ def test_the_fallback_calls_sglangs_kernel_with_the_same_arguments():
     assert guarded(bs=3, seq_lens="s") == "sglang"
     assert calls == [((), {"bs": 3, "seq_lens": "s"})]
     assert guarded.failed == {3}
+
+
+@pytest.mark.quick
+def test_the_fallback_calls_the_kernel_ours_names_now_with_the_callers_arguments():
+    """``ours`` may be replaced (the serving loop counts and injects through it); positional
+    arguments reach it too; a call by keyword is not changed on its way to SGLang's kernel."""
+    calls = []
+    guarded = Fallback(lambda **kw: calls.append(("first", kw)), lambda **kw: None, what="x")
+    guarded.ours = lambda *a, **kw: calls.append(("second", a, kw))
+    guarded(bs=3, seq_lens="s")
+    guarded("p", bs=3)
+    assert calls == [("second", (), {"bs": 3, "seq_lens": "s"}), ("second", ("p",), {"bs": 3})]
+    sglang = []
+    guarded = Fallback(lambda **kw: 1 / 0, lambda **kw: sglang.append(kw), what="x")
+    guarded(bs=2, seq_lens="s")
+    assert sglang == [{"bs": 2, "seq_lens": "s"}]

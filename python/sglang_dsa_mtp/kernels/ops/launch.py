@@ -9,8 +9,10 @@ grid_z, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hoo
 *every_parameter_value)``, Triton's private interface, read for Triton 3.4 to 3.8
 (:data:`DIRECT_LAUNCH_TRITON`); other Tritons and the interpreter always take the JIT path, which
 :func:`launch_path` says in words (``python -m sglang_dsa_mtp`` and the plugin's start-up line). Buffers
-resized or re-pointed in place under a live plan are not supported. :func:`warm_up` compiles a
-call's variant on :func:`specialization_twin` buffers. Details: docs/switches.md, "Host time".
+resized or re-pointed in place under a live plan are not supported. :func:`keyword_call` makes a
+wrapper's call from one dict of keyword arguments (SGLang's call, as the per-bs fallback holds it),
+through the plan without the wrapper's own frame. :func:`warm_up` compiles a call's variant on
+:func:`specialization_twin` buffers. Details: docs/switches.md, "Host time".
 """
 
 from __future__ import annotations
@@ -84,31 +86,49 @@ class _Plan:
 
     def launch(self, inputs: Sequence[torch.Tensor]) -> bool:
         """Launch with ``inputs`` when the plan takes them (1-D, its dtypes and strides, at least
-        ``input_len`` entries, on its device, the current one); else False, nothing launched."""
+        ``input_len`` entries, on its device, the current one); else False, nothing launched (also
+        for inputs that are not tensors). The launch hooks and the stream are read at every call:
+        a hook may be set, and the current stream changed, at any time."""
         device = self.device
         if self.get_device() != device:
             return False
         input_len = self.input_len
-        for tensor, (dtype, stride) in zip(inputs, self.input_specs):
-            if (
-                tensor.dtype is not dtype
-                or tensor.stride() != stride
-                or tensor.size(0) < input_len
-                or tensor.get_device() != device
-            ):
-                return False
-        args = (*map(torch.Tensor.data_ptr, inputs), *self.rest)
+        args = []  # every parameter's value, in order, tensors by address
+        try:
+            for tensor, (dtype, stride) in zip(inputs, self.input_specs):
+                if (
+                    tensor.dtype is not dtype
+                    or tensor.stride() != stride  # a plan's input strides have one entry: 1-D,
+                    or tensor.numel() < input_len  # so its element count is its length
+                    or tensor.get_device() != device
+                ):
+                    return False
+                args.append(tensor.data_ptr())
+        except Exception:  # not a tensor: the wrapper's checks name it
+            return False
+        args += self.rest
         stream = self.get_stream(device)
-        hooks = triton.knobs.runtime
-        enter, exit_ = _live_hook(hooks.launch_enter_hook), _live_hook(hooks.launch_exit_hook)
-        if enter is None and exit_ is None:  # no hook to call: the metadata would go unread
-            metadata = None
+        runtime = triton.knobs.runtime
+        enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if _no_hook(enter) and _no_hook(exit_):  # nothing to call: the metadata would go unread
+            metadata = enter = exit_ = None
         else:
+            enter, exit_ = _live_hook(enter), _live_hook(exit_)
             metadata = self.compiled.launch_metadata(self.grid, stream, *args)
         self.run(
             *self.grid, stream, self.function, self.packed_metadata, metadata, enter, exit_, *args
         )
         return True
+
+
+# Triton's launch hook chain (Triton 3.5 on), None where it has none.
+_HookChain = getattr(getattr(triton, "knobs", None), "HookChain", None)
+
+
+def _no_hook(hook) -> bool:
+    """Whether the launcher would call nothing for ``hook``: None, or an empty Triton hook chain
+    (the one check at every launch; :func:`_live_hook` takes every other case)."""
+    return hook is None or (type(hook) is _HookChain and not hook.calls) or _live_hook(hook) is None
 
 
 def _live_hook(hook):
@@ -140,12 +160,20 @@ class LaunchPlans:
     ):
         self.kernel = kernel
         self.num_inputs = num_inputs
+        self.wrapper = wrapper
         self.prepare = prepare
         self.tunables = tunables
         self.driver = driver  # None: Triton's active driver, looked up when a plan is made
         self._inputs = _tuple_getter(list(kernel.arg_names[:num_inputs]))
         self._keyed = None if wrapper is None else _keyed_parameters(wrapper, kernel, num_inputs)
         self._plans: dict[tuple, _Plan] = {}
+        if wrapper is not None:
+            parameters = _parameters(wrapper)
+            self._defaults = tuple(
+                (name, p.default) for name, p in parameters.items() if p.default is not p.empty
+            )
+            self._arity = len(parameters)
+            wrapper.launch_plans = self  # :func:`keyword_call` finds the plans of the wrapper
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -157,20 +185,33 @@ class LaunchPlans:
         """One call of the wrapper, from its arguments by name (its ``locals()`` on entry): through
         the plan of its key when there is one that takes its inputs; else checked and launched by
         ``prepare`` and Triton's JIT, which keeps a plan for the key."""
-        try:
-            key = self.key(arguments)
-            plan = self._plans.get(key)
-        except TypeError:  # an argument that makes no key: prepare's checks name it
-            key = plan = None
-        if plan is not None:
-            try:
-                if plan.launch(self._inputs(arguments)):
-                    return
-            except Exception:  # inputs that are not tensors: prepare's checks name them
-                pass
+        if self.launch_planned(arguments):
+            return
         launch = self.prepare(arguments)
         if launch is not None:
-            self.launch(self.key(arguments) if key is None else key, launch)
+            self.launch(self.key(arguments), launch)
+
+    def launch_planned(self, arguments: Mapping[str, Any]) -> bool:
+        """Launch one call of the wrapper (its arguments by name) through the plan of its key, if
+        there is one that takes its inputs; else False, nothing launched. An argument that makes no
+        key, or is missing, takes no plan: the wrapper's checks name it."""
+        try:
+            plan = self._plans.get(self.key(arguments))
+            inputs = self._inputs(arguments)
+        except (TypeError, KeyError):
+            return False
+        return plan is not None and plan.launch(inputs)
+
+    def call_keywords(self, kwargs: dict[str, Any]) -> None:
+        """``wrapper(**kwargs)``, without the wrapper's frame where a plan takes the call: the
+        wrapper's body is ``plans(locals())``, and ``kwargs`` with the wrapper's defaults is its
+        ``locals()`` when it names every parameter once (the key and the inputs read every one);
+        anything else calls the wrapper (its binding's errors, its checks)."""
+        arguments = kwargs.copy()  # (a copy: the caller's dict is the caller's)
+        for name, default in self._defaults:
+            arguments.setdefault(name, default)
+        if len(arguments) != self._arity or not self.launch_planned(arguments):
+            self.wrapper(**kwargs)
 
     def key(self, arguments: Mapping[str, Any]) -> tuple:
         """The plan key of one call of the wrapper, from its arguments by name: every argument but
@@ -182,6 +223,8 @@ class LaunchPlans:
         if self._keyed is None:
             raise TypeError("these launch plans were made without a wrapper: they make no keys")
         by_value, by_identity, nested = self._keyed
+        if nested is None:
+            return (*by_value(arguments), *map(id, by_identity(arguments)), *self.tunables())
         return (
             *by_value(arguments),
             *map(id, by_identity(arguments)),
@@ -199,6 +242,8 @@ class LaunchPlans:
         names = self.kernel.arg_names
         values = [launch.arguments[name] for name in names]
         inputs = values[: self.num_inputs]
+        if not all(isinstance(t, torch.Tensor) and t.dim() == 1 for t in inputs):
+            return  # a plan takes 1-D inputs only
         plan = _Plan()
         plan.compiled = compiled
         plan.run = compiled.run
@@ -230,12 +275,22 @@ class LaunchPlans:
 _SCALARS = (int, bool, float, str, type(None))
 
 
+def _parameters(wrapper) -> Mapping[str, inspect.Parameter]:
+    """``wrapper``'s parameters, each one nameable (a wrapper is called by keyword)."""
+    parameters = inspect.signature(wrapper).parameters
+    nameable = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    odd = [name for name, p in parameters.items() if p.kind not in nameable]
+    if odd:
+        raise ValueError(f"{wrapper.__name__} has parameters that cannot be named: {odd}")
+    return parameters
+
+
 def _keyed_parameters(wrapper, kernel, num_inputs: int):
     """Getters of ``wrapper``'s parameters but the kernel's inputs, split by their type hints:
-    (scalars, tensors, sequences), each returning a tuple."""
+    (scalars, tensors, sequences), each returning a tuple; no sequences: None in their place."""
     inputs = kernel.arg_names[:num_inputs]
     hints = typing.get_type_hints(wrapper)
-    names = list(inspect.signature(wrapper).parameters)
+    names = list(_parameters(wrapper))
     missing = [name for name in inputs if name not in names]
     if missing:
         raise ValueError(f"{wrapper.__name__} has no parameter for the kernel inputs {missing}")
@@ -251,7 +306,30 @@ def _keyed_parameters(wrapper, kernel, num_inputs: int):
             groups[0].append(name)
         else:
             groups[2].append(name)
-    return tuple(_tuple_getter(group) for group in groups)
+    scalars, tensors, sequences = groups
+    nested = _tuple_getter(sequences) if sequences else None
+    return _tuple_getter(scalars), _tuple_getter(tensors), nested
+
+
+def keyword_call(function: Callable) -> Callable[[dict[str, Any]], Any]:
+    """``function(**kwargs)`` as a call of ``kwargs``: for a wrapper with launch plans its plans'
+    :meth:`LaunchPlans.call_keywords` (the same call, without the wrapper's frame where a plan
+    takes it), else a plain call of ``function``."""
+    plans = getattr(function, "launch_plans", None)
+    if (
+        isinstance(plans, LaunchPlans)
+        and plans.wrapper is function
+        and _body_calls(function, plans)
+    ):
+        return plans.call_keywords
+    return lambda kwargs: function(**kwargs)
+
+
+def _body_calls(wrapper, plans: LaunchPlans) -> bool:
+    """Whether ``wrapper``'s body is ``plans(locals())`` and nothing else (the names it reads are
+    the plans' and ``locals``): what :meth:`LaunchPlans.call_keywords` stands in for."""
+    names = wrapper.__code__.co_names
+    return len(names) == 2 and names[1] == "locals" and wrapper.__globals__.get(names[0]) is plans
 
 
 def _tuple_getter(names: list[str]) -> Callable[[Mapping[str, Any]], tuple]:

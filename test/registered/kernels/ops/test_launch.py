@@ -305,3 +305,145 @@ def test_a_key_takes_tensors_by_identity_scalars_by_value_and_lists_item_by_item
     arguments = dict(seq_lens=out, req_pool_indices=out, out=out, n=3, flag=True, outs=[(other,)])
     assert plans.key(arguments) == (3, True, id(out), (1, id(other)), 7)
     assert plans.key({**arguments, "seq_lens": other}) == plans.key(arguments)
+
+
+# ------------------------------------------------------------------------------------------------
+# What a plan reads at every launch
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_hook_set_after_the_plan_was_made_is_called_with_the_launch_metadata(inputs, monkeypatch):
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    plans = make_plans(kernel)
+    call(plans, out, *inputs)  # the plan is made with no hook to call
+    assert len(plans) == 1
+
+    def enter(metadata):
+        pass
+
+    knobs = launch.triton.knobs.runtime
+    monkeypatch.setattr(knobs, "launch_enter_hook", enter)
+    call(plans, out, *inputs)
+    monkeypatch.undo()
+    call(plans, out, *inputs)
+    with_hook, without = kernel.compiled.launches
+    assert with_hook[6:8] == (("metadata", (4, 1, 1)), enter)
+    assert without[6:9] == (None, None, None)
+
+
+def test_the_current_stream_is_read_at_every_launch(inputs):
+    stream = [5]
+    driver = SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda d: stream[0])
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    plans = make_plans(kernel, driver)
+    call(plans, out, *inputs)
+    for stream[0] in (6, 5, 9):
+        call(plans, out, *inputs)
+    assert [launched[3] for launched in kernel.compiled.launches] == [6, 5, 9]
+
+
+def test_a_jit_call_with_inputs_that_are_not_1_d_keeps_no_plan():
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    plans = make_plans(kernel)
+    inputs = (torch.zeros(8, 1, dtype=torch.int64), torch.zeros(8, dtype=torch.int64))
+    for _ in range(2):
+        call(plans, out, *inputs)
+    assert len(kernel.jit_calls) == 2 and len(plans) == 0
+
+
+def test_a_plan_launch_that_raises_raises_and_is_not_launched_again(inputs):
+    """The inputs' checks passed: what raises is the launcher (or a hook), which Triton's JIT would
+    call the same way; the error goes to the caller (the per-bs fallback)."""
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    plans = make_plans(kernel)
+    call(plans, out, *inputs)
+
+    def run(*args):
+        raise RuntimeError("launch failed")
+
+    kernel.compiled.run = run
+    plans._plans[next(iter(plans._plans))].run = run
+    with pytest.raises(RuntimeError, match="launch failed"):
+        call(plans, out, *inputs)
+    assert len(kernel.jit_calls) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# A call by keyword (``keyword_call``): the wrapper's call, through its plan without its frame
+# ------------------------------------------------------------------------------------------------
+
+_KEYWORD_PLANS = None  # the plans of planned_wrapper (fixture keyword_plans)
+
+
+def planned_wrapper(
+    seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, out: torch.Tensor, n: int = 3
+):
+    """A wrapper as ours are written: its body is its plans' call of its locals()."""
+    _KEYWORD_PLANS(locals())
+
+
+@pytest.fixture
+def keyword_plans(monkeypatch):
+    prepared = []
+    kernel = FakeKernel()
+
+    def prepare(a):
+        prepared.append(a["n"])
+        return make_plans(kernel).prepare(a)
+
+    plans = LaunchPlans(kernel, num_inputs=2, wrapper=planned_wrapper, prepare=prepare)
+    plans.driver = DRIVER
+    monkeypatch.setitem(globals(), "_KEYWORD_PLANS", plans)
+    return plans, kernel, prepared
+
+
+def test_a_call_by_keyword_launches_as_the_wrapper_with_its_defaults(inputs, keyword_plans):
+    plans, kernel, prepared = keyword_plans
+    by_keyword = launch.keyword_call(planned_wrapper)
+    assert by_keyword == plans.call_keywords
+    out = torch.zeros(4, dtype=torch.int32)
+    kwargs = dict(seq_lens=inputs[0], req_pool_indices=inputs[1], out=out)
+    by_keyword(kwargs)  # no plan yet: the wrapper, its checks and the JIT
+    by_keyword(kwargs)  # through the plan
+    planned_wrapper(**kwargs)  # the wrapper finds the same plan
+    by_keyword({**kwargs, "n": 5})  # another n: another key, checked
+    assert prepared == [3, 5] and len(plans) == 2
+    assert [launched[0] for launched in kernel.compiled.launches] == [4, 4]
+    assert kwargs == dict(seq_lens=inputs[0], req_pool_indices=inputs[1], out=out)
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (lambda kw: kw.pop("out"), "missing 1 required positional argument: 'out'"),
+        (lambda kw: kw.update(m=1), "unexpected keyword argument 'm'"),
+        (lambda kw: (kw.pop("out"), kw.update(m=1)), "unexpected keyword argument 'm'"),
+    ],
+    ids=["missing", "unknown", "unknown-for-missing"],
+)
+def test_a_call_by_keyword_the_wrapper_would_not_bind_gets_its_error(
+    inputs, keyword_plans, change, error
+):
+    plans, kernel, _ = keyword_plans
+    out = torch.zeros(4, dtype=torch.int32)
+    kwargs = dict(seq_lens=inputs[0], req_pool_indices=inputs[1], out=out)
+    plans.call_keywords(kwargs)
+    change(kwargs)
+    with pytest.raises(TypeError, match=error):
+        plans.call_keywords(kwargs)
+    assert kernel.compiled.launches == []
+
+
+def test_a_call_by_keyword_of_another_function_is_a_plain_call(keyword_plans):
+    """Only a wrapper whose body is its plans' call of locals() is stood in for."""
+    calls = []
+
+    def other(**kwargs):
+        calls.append(kwargs)
+
+    other.launch_plans = keyword_plans[0]
+    by_keyword = launch.keyword_call(other)
+    by_keyword({"a": 1})
+    assert calls == [{"a": 1}] and by_keyword != keyword_plans[0].call_keywords
+    make_plans(FakeKernel())  # plans of wrapper, whose body is its docstring
+    assert launch.keyword_call(wrapper) != wrapper.launch_plans.call_keywords

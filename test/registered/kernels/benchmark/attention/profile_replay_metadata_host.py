@@ -8,6 +8,8 @@ calls, microseconds per call):
 
 * ``fallback``: ``integration.fallback.Fallback`` around a function that does nothing;
 * ``wrapper``: our wrapper called directly (the keyword binding, its ``locals()``, everything below);
+* ``by keyword``: ``LaunchPlans.call_keywords`` of the call's keyword dict, what the fallback calls
+  in the wrapper's place (the wrapper's defaults added, everything below);
 * ``key``: ``LaunchPlans.key`` of the call's arguments;
 * ``lookup``: the plan's dict lookup by that key;
 * ``plan launch``: ``_Plan.launch`` (the inputs' checks, the arguments packed, the launcher called);
@@ -41,7 +43,7 @@ from sglang_dsa_mtp.testing.launch_stubs import ALL_PLANS, Patches, planned_on_c
 from sglang_dsa_mtp.testing.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
 
 OPS = ("decode", "verify", "draft_extend", "mtp")
-PARTS = ("key", "lookup", "plan launch", "launcher")
+PARTS = ("by keyword", "key", "lookup", "plan launch", "launcher")
 
 
 def best_us(fn, calls: int, rounds: int) -> float:
@@ -89,6 +91,7 @@ def profile(op, plans, kwargs, calls: int, rounds: int) -> dict:
         "call": lambda: served(**kwargs),
         "fallback": lambda: nothing(**kwargs),
         "wrapper": lambda: ours(**kwargs),
+        "by keyword": lambda: plans.call_keywords(kwargs),
         "key": lambda: plans.key(arguments),
         "lookup": lambda: plans._plans.get(key),
         "plan launch": lambda: plan.launch(inputs),

@@ -19,7 +19,8 @@ from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as dr
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import bounded_num_programs
-from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans
+from sglang_dsa_mtp.integration.fallback import Fallback
+from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans, keyword_call
 from sglang_dsa_mtp.testing.metadata_cases import (
     SMALL_TOPK,
     STRIDING_LENGTHS,
@@ -156,6 +157,35 @@ def test_a_call_with_another_budget_on_the_same_buffers_launches_its_own_grid(op
         ("plan", (grid[2],)),
         ("plan", (grid[5],)),
     ]
+
+
+@pytest.mark.parametrize("op", WRAPPERS)
+def test_a_wrapper_called_by_keyword_behind_the_fallback_launches_through_its_plan(
+    op, planned_launches
+):
+    """SGLang calls by keyword: behind the per-bs fallback the call takes the wrapper's plan
+    without the wrapper's frame (its body is its plans' call of its locals()), as the wrapper
+    itself does; the first call goes through the wrapper, its checks and the JIT."""
+    plans, wrapper = WRAPPERS[op]
+    assert keyword_call(wrapper) == plans.call_keywords
+    table = torch.randint(0, 1000, (2 * BS, 300), dtype=torch.int32)
+    next_n = 5 if op != "mtp" else 1
+    steps = [
+        CapturedBuffers(table, max_bs=BS, next_n=next_n, page_size=64, topk=SMALL_TOPK)
+        for _ in range(3)
+    ]
+    if op == "mtp":
+        kwargs = one_launch_kwargs(
+            steps, BS, steps[0].seq_lens[:BS], steps[0].req_pool_indices[:BS]
+        )
+    else:
+        kwargs = steps[0].replay_kwargs(op, BS)
+    guarded = Fallback(wrapper, lambda **kw: pytest.fail(f"fell back: {kw}"), what=op)
+    for _ in range(2):
+        guarded(**kwargs)
+    wrapper(**kwargs)
+    (kind, grid), *rest = planned_launches
+    assert kind == "jit" and rest == [("plan", grid)] * 2
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,11 +12,11 @@ that each keeps only its own exchange's checks or arms.
   and :func:`record_route_taken`; :class:`ShardOverlay`, the hard rows of
   ``argmax_cases.make_overlay`` over this rank's LM-head logits; and in the test,
   :func:`check_route_reports`, the verdict on the ranks' reports.
-* The route benchmarks: :func:`parse_route_args` (the options both take, around the benchmark's own,
-  with :func:`add_num_gpu`); :func:`run_route_bench`, one rank's body around the exchange's own
-  measurements (rank 0 writes them); :class:`LmHeadArms`, the arms both exchanges time beside
-  their own; :func:`floors`; :func:`time_arms`; :func:`bench_main`, every route in turn, the title
-  and ``--json``; and the tables' :data:`ARMS`, :func:`print_route_head`, :func:`print_table`,
+* The route benchmarks: :func:`route_parser` and :func:`parse_route_args` (the options both take,
+  around the benchmark's own, with :func:`add_num_gpu`); :func:`run_route_bench`, one rank's
+  body around the exchange's own measurements (rank 0 writes them); :class:`LmHeadArms`, the arms
+  both exchanges time beside their own; :func:`floors`; :func:`time_arms`; :func:`bench_main`,
+  every route in turn, the title and ``--json``; and the tables' :data:`ARMS`, :func:`print_route_head`, :func:`print_table`,
   :func:`cell` and :func:`change_cell`.
 
 SGLang and pytest are imported inside the functions only.
@@ -227,15 +227,11 @@ def add_num_gpu(parser, *, one_gpu: str) -> None:
     )
 
 
-def parse_route_args(argv, doc: str, add_options: Callable, *, per_graph: str, dry_run: dict):
-    """A route benchmark's options, parsed from ``argv``.
-
-    The parser (``bench_cli.benchmark_parser`` of ``doc``): ``--routes`` (of ``tp.ROUTES``, one
-    table each), the benchmark's own options (``add_options(parser)``: :func:`add_num_gpu` and its
-    sizes), the LM head's sizes, ``--calls`` (``per_graph``: what one call is) per graph,
-    ``--replays``, ``--json``, and ``--dry-run`` at the sizes of ``dry_run``, whose list-valued
-    sizes are the comma-separated options. ``--routes`` is checked; a dry run takes the sizes of
-    ``dry_run``, one call a graph, on the CPU's route."""
+def route_parser(doc: str, add_options: Callable, *, per_graph: str, dry_run: dict):
+    """A route benchmark's parser (``bench_cli.benchmark_parser`` of ``doc``): ``--routes`` (of
+    ``tp.ROUTES``, one table each), the benchmark's own options (``add_options(parser)``:
+    :func:`add_num_gpu` and its sizes), the LM head's sizes, ``--calls`` (``per_graph``: what one
+    call is) per graph, ``--replays``, ``--json``, and ``--dry-run`` at the sizes of ``dry_run``."""
     parser = benchmark_parser(doc)
     parser.add_argument(
         "--routes",
@@ -261,6 +257,13 @@ def parse_route_args(argv, doc: str, add_options: Callable, *, per_graph: str, d
         action="store_true",
         help=f"run the arms once, eagerly and untimed, in a 2-process CPU (gloo) group at {sizes}",
     )
+    return parser
+
+
+def parse_route_args(parser, argv, *, dry_run: dict):
+    """A route benchmark's options, parsed from ``argv`` by its :func:`route_parser`: the
+    list-valued sizes of ``dry_run`` are comma-separated options, ``--routes`` is checked; a dry
+    run takes the sizes of ``dry_run``, one call a graph, on the CPU's route."""
     args = parser.parse_args(argv)
     for name, value in dry_run.items():
         if isinstance(value, list):

@@ -159,10 +159,12 @@ def add_options(parser) -> None:
     )
 
 
+def build_parser():
+    return tp_routes.route_parser(__doc__, add_options, per_graph="rounds", dry_run=DRY_RUN)
+
+
 def main(argv=None) -> int:
-    args = tp_routes.parse_route_args(
-        argv, __doc__, add_options, per_graph="rounds", dry_run=DRY_RUN
-    )
+    args = tp_routes.parse_route_args(build_parser(), argv, dry_run=DRY_RUN)
     return tp_routes.bench_main(
         args,
         bench_route,

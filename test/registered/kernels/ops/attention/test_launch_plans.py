@@ -15,11 +15,11 @@ import inspect
 import pytest
 import torch
 
+from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import bounded_num_programs
-from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans, keyword_call
 from sglang_dsa_mtp.testing.metadata_cases import (
     SMALL_TOPK,

@@ -1,10 +1,12 @@
 """Timing on a CUDA device, shared by the self-checks, the GPU tests and the benchmarks.
 
 The method of docs/baselines.md: CUDA-graph replays after a warm-up, medians, optionally a cold L2
-(:func:`cuda_graph_time_us`); host time per call of a Python-level launch (:func:`host_times_us`);
-and the floors printed beside every figure: the launch gap of a one-element kernel in a graph
-(:func:`launch_floor_us`) and the device-to-device copy bandwidth (:func:`copy_bandwidth_bytes_per_us`);
-and the CUDA-graph memory pool one call holds at its peak (:func:`graph_pool_peak_bytes`).
+(:func:`cuda_graph_time_us`), several arms' graphs replayed in turn (:func:`interleaved_graphs_us`);
+host time per call of a Python-level launch (:func:`host_times_us`); and the floors printed beside
+every figure: the launch gap of a one-element kernel in a graph (:func:`launch_floor_us`) and the
+device-to-device copy bandwidth (:func:`copy_bandwidth_bytes_per_us`), both at once with their
+words (:func:`graph_floors`, :func:`floors_text`); and the CUDA-graph memory pool one call holds at
+its peak (:func:`graph_pool_peak_bytes`).
 """
 
 from __future__ import annotations
@@ -81,6 +83,23 @@ def replay_us(graph: torch.cuda.CUDAGraph) -> float:
     return start.elapsed_time(end) * 1000.0
 
 
+def interleaved_graphs_us(bodies: dict, calls: int, replays: int) -> dict:
+    """Median microseconds per call of each of ``bodies``: each body's ``calls`` calls captured in
+    one graph, every graph replayed once, then ``replays`` rounds that replay every graph once, in
+    turn, so that clock and power drift reach all arms alike."""
+    graphs = {
+        name: capture_graph(lambda body=body: [body() for _ in range(calls)])[0]
+        for name, body in bodies.items()
+    }
+    for graph in graphs.values():
+        graph.replay()
+    times = {name: [] for name in graphs}
+    for _ in range(replays):
+        for name, graph in graphs.items():
+            times[name].append(replay_us(graph))
+    return {name: statistics.median(t) / calls for name, t in times.items()}
+
+
 def launch_floor_us(calls: int = 20, replays: int = 30) -> float:
     """Microseconds per launch of a one-element kernel, replayed from a CUDA graph (hot L2)."""
     one = torch.zeros(1, device="cuda")
@@ -120,6 +139,20 @@ def copy_bandwidth_bytes_per_us() -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0)
     return 2 * src.numel() / statistics.median(times)
+
+
+def graph_floors() -> dict:
+    """The two floors of a CUDA-graph benchmark, measured now: ``launch_floor_us`` and
+    ``copy_bytes_per_us`` (:func:`launch_floor_us`, :func:`copy_bandwidth_bytes_per_us`)."""
+    return dict(launch_floor_us=launch_floor_us(), copy_bytes_per_us=copy_bandwidth_bytes_per_us())
+
+
+def floors_text(floors: dict) -> str:
+    """:func:`graph_floors` in words, as a benchmark's header prints them."""
+    return (
+        f"launch floor {floors['launch_floor_us']:.2f} us, copy bandwidth "
+        f"{floors['copy_bytes_per_us'] / 1e6:.2f} TB/s (read + write)"
+    )
 
 
 def graph_pool_peak_bytes(fn: Callable[[], object]) -> int:

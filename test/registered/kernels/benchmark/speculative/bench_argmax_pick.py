@@ -26,7 +26,6 @@ floor.
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -91,7 +90,7 @@ def planted_logits(rows: int, width: int, seed: int) -> torch.Tensor:
     return logits.to(DEVICE)
 
 
-def expected_tokens(logits: torch.Tensor, tp: int, vocab: int, sanitize: bool) -> torch.Tensor:
+def expected_tokens(logits: torch.Tensor, vocab: int, sanitize: bool) -> torch.Tensor:
     """The gathered path's token, rank 0's shard standing for every rank's (the other ranks'
     columns are below every value here, as their zero slots say)."""
     valid = logits[:, : min(logits.shape[1], vocab)].float()
@@ -124,20 +123,6 @@ class Pick:
         return self.module.launch_finalize(self.exchange, propagate_nan=True)[1]
 
 
-def interleaved_us(bodies: dict, calls: int, replays: int) -> dict:
-    from sglang_dsa_mtp.testing.timing import capture_graph, replay_us
-
-    graphs = {
-        name: capture_graph(lambda body=body: [body() for _ in range(calls)])[0]
-        for name, body in bodies.items()
-    }
-    times = {name: [] for name in graphs}
-    for _ in range(replays):
-        for name, graph in graphs.items():
-            times[name].append(replay_us(graph))
-    return {name: statistics.median(t) / calls for name, t in times.items()}
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     timed = not args.dry_run
@@ -154,16 +139,15 @@ def main(argv=None) -> int:
         modules["baseline"] = load_script(args.baseline)
     floors = {}
     if timed:
-        from sglang_dsa_mtp.testing.timing import copy_bandwidth_bytes_per_us, launch_floor_us
+        import triton
 
-        floors = dict(
-            launch_floor_us=launch_floor_us(), copy_bytes_per_us=copy_bandwidth_bytes_per_us()
-        )
+        from sglang_dsa_mtp.testing.timing import floors_text, graph_floors, interleaved_graphs_us
+
+        floors = graph_floors()
         where = (
             f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
-            f"{__import__('triton').__version__}; launch floor {floors['launch_floor_us']:.2f} us, "
-            f"copy bandwidth {floors['copy_bytes_per_us'] / 1e6:.2f} TB/s (read + write); "
-            f"{args.calls} picks per graph, median of {args.replays} replays, us per pick"
+            f"{triton.__version__}; {floors_text(floors)}; {args.calls} picks per graph, "
+            f"median of {args.replays} replays, us per pick"
         )
     else:
         where = "CPU (dry run: each arm once, untimed)"
@@ -182,7 +166,7 @@ def main(argv=None) -> int:
             width = padded_shard_width(args.vocab, tp)
             for rows in rows_list:
                 logits = planted_logits(rows, width, seed=rows * 8 + tp)
-                expected = expected_tokens(logits, tp, args.vocab, sanitize)
+                expected = expected_tokens(logits, args.vocab, sanitize)
                 bodies = {
                     arm: Pick(module, logits, tp, args.vocab, sanitize)
                     for arm, module in modules.items()
@@ -194,7 +178,7 @@ def main(argv=None) -> int:
                 times = dict.fromkeys(arms)
                 floor = None
                 if timed:
-                    times = interleaved_us(bodies, args.calls, args.replays)
+                    times = interleaved_graphs_us(bodies, args.calls, args.replays)
                     floor = (
                         rows * width * 2 / floors["copy_bytes_per_us"] + floors["launch_floor_us"]
                     )

@@ -33,7 +33,6 @@ the table. ``gather MB``: the bf16 logits one rank receives per round at TP n,
 
 from __future__ import annotations
 
-import statistics
 import sys
 
 import torch
@@ -118,24 +117,6 @@ class Round:
         }
 
 
-def interleaved_us(bodies: dict, calls: int, replays: int) -> dict:
-    """Median microseconds per call of each body, its graph of ``calls`` calls replayed in turn
-    with the others ``replays`` times."""
-    from sglang_dsa_mtp.testing.timing import capture_graph, replay_us
-
-    graphs = {
-        name: capture_graph(lambda body=body: [body() for _ in range(calls)])[0]
-        for name, body in bodies.items()
-    }
-    for graph in graphs.values():
-        graph.replay()
-    times = {name: [] for name in graphs}
-    for _ in range(replays):
-        for name, graph in graphs.items():
-            times[name].append(replay_us(graph))
-    return {name: statistics.median(t) / calls for name, t in times.items()}
-
-
 def per_tp(rows: int, vocab: int) -> dict:
     """Bytes per round at each TP size: the gather a rank receives, the exchange buffer."""
     out = {}
@@ -194,16 +175,10 @@ def main(argv=None) -> int:
     weight = weight.to(DEVICE)
     floors = {}
     if timed:
-        from sglang_dsa_mtp.testing.timing import copy_bandwidth_bytes_per_us, launch_floor_us
+        from sglang_dsa_mtp.testing.timing import floors_text, graph_floors, interleaved_graphs_us
 
-        floors = dict(
-            launch_floor_us=launch_floor_us(), copy_bytes_per_us=copy_bandwidth_bytes_per_us()
-        )
-        where = (
-            f"{torch.cuda.get_device_name()}, torch {torch.__version__}; launch floor "
-            f"{floors['launch_floor_us']:.2f} us, copy bandwidth "
-            f"{floors['copy_bytes_per_us'] / 1e6:.2f} TB/s (read + write)"
-        )
+        floors = graph_floors()
+        where = f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {floors_text(floors)}"
     else:
         where = "CPU (dry run: each arm once, untimed)"
     timing = f"; {args.calls} rounds per graph, median of {args.replays} replays, us per round"
@@ -228,7 +203,7 @@ def main(argv=None) -> int:
                 for body in round_.bodies().values():
                     body()
             else:
-                times = interleaved_us(round_.bodies(), args.calls, args.replays)
+                times = interleaved_graphs_us(round_.bodies(), args.calls, args.replays)
                 floor = rows * args.vocab * 2 / floors["copy_bytes_per_us"]
                 bound = pick_bound_us(rows, floor, floors["launch_floor_us"])
             moved = per_tp(rows, args.vocab)

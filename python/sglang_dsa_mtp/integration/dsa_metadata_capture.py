@@ -118,9 +118,9 @@ _DRAFT_EXTEND = ("draft extend", "_fused_draft_extend_metadata")
 
 
 def replay_kernel(backend, mode) -> tuple[str, Fallback | None]:
-    """(op, the backend's kernel attribute) that SGLang 0.5.23's ``_apply_cuda_graph_metadata``
-    calls at a replay in ``mode``, or (op, None) when the backend does not run our kernel for it
-    (the attribute then is SGLang's kernel)."""
+    """(op, the :class:`Fallback` of the backend's kernel attribute) that SGLang 0.5.23's
+    ``_apply_cuda_graph_metadata`` calls at a replay in ``mode``, or (op, None) when the backend
+    does not run our kernel for it (the attribute then is SGLang's kernel)."""
     if mode.is_decode_or_idle():
         op, attr = _DECODE
     elif mode.is_target_verify():

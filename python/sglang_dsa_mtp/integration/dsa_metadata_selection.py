@@ -5,15 +5,15 @@ SGLang 0.5.23's ``DSAMetadataManagementMixin._init_kpool_metadata_fusion`` (run 
 kernels it picked in ``_fused_decode_metadata`` / ``_fused_verify_metadata`` /
 ``_fused_draft_extend_metadata``; the backend's CUDA-graph replay and the MTP precompute call only
 those attributes. After it ran, the AFTER hook puts the bounded kernels there when they apply, each
-behind SGLang's kernel as its per-batch-size fallback (:class:`~.fallback.Fallback`), and records the
-decision in the backend's state (logged once when the backend captures its first CUDA graph, where
-its role is known: ``dsa_metadata_capture``).
+behind SGLang's kernel as its per-batch-size fallback (:class:`~.fallback.Fallback`, installed as its
+bound ``__call__``), and records the decision in the backend's state (logged once when the backend
+captures its first CUDA graph, where its role is known: ``dsa_metadata_capture``).
 """
 
 from __future__ import annotations
 
 from sglang_dsa_mtp.hooks import why_off
-from sglang_dsa_mtp.integration.fallback import Fallback
+from sglang_dsa_mtp.integration.fallback import Fallback, fallback_of
 from sglang_dsa_mtp.integration.state import BackendState, peek, state_of
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import (
     fused_dsa_decode_metadata_bounded,
@@ -55,14 +55,15 @@ def select_bounded_metadata_kernels(result, backend, *args, **kwargs):
     if reason is None:
         for attr, ours, op in KERNELS:
             sglang = getattr(backend, attr)
-            setattr(backend, attr, Fallback(ours, sglang, what=f"DSA {op} replay metadata"))
+            fallback = Fallback(ours, sglang, what=f"DSA {op} replay metadata")
+            setattr(backend, attr, fallback.installed)
     state_of(backend, BackendState).bounded_reason = reason
     return result
 
 
 def selected_kernel(backend, attr: str) -> Fallback | None:
-    """``backend.<attr>`` when it runs our kernel (behind SGLang's as its fallback), else None."""
+    """The :class:`Fallback` ``backend.<attr>`` calls when it runs our kernel (behind SGLang's),
+    else None."""
     if peek(backend, BackendState).bounded_reason is not None:
         return None
-    kernel = getattr(backend, attr, None)
-    return kernel if isinstance(kernel, Fallback) else None
+    return fallback_of(getattr(backend, attr, None))

@@ -12,6 +12,13 @@ one's first call at a batch size compiles. :meth:`Fallback.warm_up`, called at c
 captured batch size (``dsa_metadata_capture``), compiles both on twin buffers (``launch.warm_up``):
 neither our replay nor a replay that falls back compiles while serving.
 
+A backend attribute holds the fallback's bound ``__call__`` (:attr:`Fallback.installed`;
+:func:`fallback_of` finds the fallback again): Python calls a bound method through vectorcall, which
+gathers SGLang's keyword arguments into one dict, but an instance of a class with a ``__call__``
+through ``tp_call``, which gathers them twice (half a microsecond for the decode call's 13 keywords on
+CPython 3.11; from 16 keywords on, as target verify and draft extend pass, one dict costs about as
+much as two smaller ones).
+
 This module imports no SGLang code, so that the host-time benchmark times what the server calls.
 """
 
@@ -43,6 +50,11 @@ class Fallback:
     def ours(self, ours: Callable) -> None:
         # SGLang calls by keyword: ``ours(**kwargs)`` as one call of the dict (launch.keyword_call)
         self._ours, self._ours_by_keyword = ours, keyword_call(ours)
+
+    @property
+    def installed(self) -> Callable:
+        """What a backend attribute holds in SGLang's kernel's place: the bound ``__call__``."""
+        return self.__call__
 
     def __call__(self, *args, **kwargs):
         bs = kwargs.get("bs")
@@ -88,3 +100,9 @@ class Fallback:
             self.what,
             bs,
         )
+
+
+def fallback_of(kernel) -> Fallback | None:
+    """The :class:`Fallback` that ``kernel`` (a backend attribute) calls, else None."""
+    owner = getattr(kernel, "__self__", None)
+    return owner if isinstance(owner, Fallback) else None

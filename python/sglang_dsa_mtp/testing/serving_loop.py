@@ -307,12 +307,12 @@ class Calls:
 
     def attach(self, arm) -> None:
         from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
-        from sglang_dsa_mtp.integration.fallback import Fallback
+        from sglang_dsa_mtp.integration.fallback import fallback_of
 
         for backend in arm.backends().values():
             for attr, kernel, name in KERNELS:
-                fallback = getattr(backend, attr)
-                if isinstance(fallback, Fallback) and fallback.ours is kernel:
+                fallback = fallback_of(getattr(backend, attr))
+                if fallback is not None and fallback.ours is kernel:
                     fallback.ours = self._counted(kernel, name)
 
     def _counted(self, kernel, name: str):
@@ -637,11 +637,11 @@ class _Server:
         """Our target-verify kernel raising at its warm-up for ``victims["warm-up"]``, the MTP
         capture decision raising for ``victims["capture"]``."""
         from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
-        from sglang_dsa_mtp.integration.fallback import Fallback
+        from sglang_dsa_mtp.integration.fallback import fallback_of
 
         bs = victims["warm-up"]
-        verify = self.on.target._fused_verify_metadata
-        if isinstance(verify, Fallback):
+        verify = fallback_of(self.on.target._fused_verify_metadata)
+        if verify is not None:
             injection = self._injection("warm-up", f"target verify bs {bs}")
             verify.ours = _raising_at(verify.ours, bs, injection)
             self.injected.append((verify, bs, injection))
@@ -662,12 +662,12 @@ class _Server:
         """Our draft-extend kernel raising at a replay of ``victims["replay"]``, the MTP one launch
         raising at a replay of ``victims["one launch"]``, both once :attr:`armed`."""
         from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
-        from sglang_dsa_mtp.integration.fallback import Fallback
+        from sglang_dsa_mtp.integration.fallback import fallback_of
 
         armed = lambda: self.armed  # noqa: E731
         bs = victims["replay"]
-        extend = self.on.extend._fused_draft_extend_metadata
-        if isinstance(extend, Fallback):
+        extend = fallback_of(self.on.extend._fused_draft_extend_metadata)
+        if extend is not None:
             injection = self._injection("replay", f"draft extend bs {bs}")
             extend.ours = _raising_at(extend.ours, bs, injection, armed)
             self.injected.append((extend, bs, injection))
@@ -703,14 +703,14 @@ class _Server:
     def check_engaged(self) -> None:
         """The facts that make the on arm the plugin's and the off arm SGLang's, each True when it
         holds (the MTP capture victim's batch size aside)."""
-        from sglang_dsa_mtp.integration.fallback import Fallback
+        from sglang_dsa_mtp.integration.fallback import fallback_of
         from sglang_dsa_mtp.integration.state import MultiStepState, peek
 
         facts = self.report.engaged
         for arm, on in ((self.on, True), (self.off, False)):
             backends = list(arm.backends().values())
             kernels = [
-                isinstance(getattr(b, attr), Fallback)
+                fallback_of(getattr(b, attr)) is not None
                 for b in backends
                 for attr in ("_fused_verify_metadata", "_fused_draft_extend_metadata")
             ]
@@ -736,7 +736,7 @@ class _Server:
         """Every ``Fallback.failed`` of the on arm, and its MTP batch sizes off the one launch: the
         injected victims whose injection raised, nothing else."""
         from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
-        from sglang_dsa_mtp.integration.fallback import Fallback
+        from sglang_dsa_mtp.integration.fallback import fallback_of
         from sglang_dsa_mtp.integration.state import MultiStepState, peek
 
         def expected(owner) -> set:
@@ -745,8 +745,8 @@ class _Server:
         unexpected = self.report.unexpected
         for role, backend in self.on.backends().items():
             for attr, _, name in KERNELS:
-                fallback = getattr(backend, attr)
-                if isinstance(fallback, Fallback) and fallback.failed != expected(fallback):
+                fallback = fallback_of(getattr(backend, attr))
+                if fallback is not None and fallback.failed != expected(fallback):
                     unexpected.append(
                         f"the {role}'s {name} Fallback.failed is {sorted(fallback.failed)}, the "
                         f"injected victims {sorted(expected(fallback))}"

@@ -140,7 +140,7 @@ def test_sglangs_kernel_is_warmed_up_per_captured_bs_with_the_call_a_fallback_re
     mode, kind = MODES[op]
     server = dsa_server()
     backend = getattr(server, kind)(max(CAPTURED))
-    guarded = getattr(backend, ATTRS[op])
+    guarded = fallback.fallback_of(getattr(backend, ATTRS[op]))
     sglang = guarded.sglang = Recorder(guarded.sglang)
     server.capture(backend, mode, CAPTURED)
     warmed = [kwargs for kernel, kwargs in warm_ups if kernel is sglang]
@@ -164,7 +164,7 @@ def test_a_raising_warm_up_never_takes_the_capture_down(dsa_server, spies, caplo
     warm_ups, kernels, _ = spies
     server = dsa_server()
     backend = server.target(max(CAPTURED))
-    guarded = backend._fused_verify_metadata
+    guarded = fallback.fallback_of(backend._fused_verify_metadata)
     sglang = guarded.sglang = Recorder(guarded.sglang)
     if failing == "ours":
         kernels["target verify"].fn = raise_injected
@@ -206,7 +206,7 @@ def test_an_error_building_the_replay_call_sends_that_bs_to_sglangs_kernel(
     hooked.setattr(capture, "get_platform", platform_raising_once)
     server = dsa_server()
     backend = server.target(max(CAPTURED))
-    guarded, first = backend._fused_verify_metadata, max(CAPTURED)
+    guarded, first = fallback.fallback_of(backend._fused_verify_metadata), max(CAPTURED)
     with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
         server.capture(backend, ForwardMode.TARGET_VERIFY, CAPTURED)
     rest = sorted(set(CAPTURED) - {first})
@@ -294,9 +294,9 @@ def test_the_paths_a_failed_one_launch_takes_meet_only_warmed_up_kernels(
     hooked.setattr(precompute, "_is_cuda", True)
     server = dsa_server(num_steps=5)
     multi = server.multi_step(max(CAPTURED), seeded=True)
-    sglang = Recorder(multi.attn_backends[0]._fused_decode_metadata.sglang)
+    sglang = Recorder(fallback.fallback_of(multi.attn_backends[0]._fused_decode_metadata).sglang)
     for backend in multi.attn_backends:
-        backend._fused_decode_metadata.sglang = sglang
+        fallback.fallback_of(backend._fused_decode_metadata).sglang = sglang
     server.capture(multi, ForwardMode.DECODE, CAPTURED)
     loaded = set(server.stand_ins.jit_loads)
     one_launch.fn = raise_injected

@@ -21,6 +21,7 @@ from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 
 from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
+from sglang_dsa_mtp.integration.fallback import fallback_of
 from sglang_dsa_mtp.integration.state import BackendState, peek
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
@@ -60,7 +61,7 @@ def kernels(backend, behind="ours"):
         backend._fused_verify_metadata,
         backend._fused_draft_extend_metadata,
     )
-    return tuple(getattr(fn, behind, fn) for fn in attrs)
+    return tuple(getattr(fallback_of(fn), behind, fn) for fn in attrs)
 
 
 def test_plugin_hooks_sglang_kernel_selection():

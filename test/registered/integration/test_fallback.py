@@ -19,7 +19,7 @@ require_sglang()
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
-from sglang_dsa_mtp.integration.fallback import Fallback
+from sglang_dsa_mtp.integration.fallback import Fallback, fallback_of
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
 from sglang_dsa_mtp.testing.constants import POISON
 from sglang_dsa_mtp.testing.dsa_backends import metadata_tensors, poison
@@ -137,3 +137,12 @@ def test_the_fallback_calls_the_kernel_ours_names_now_with_the_callers_arguments
     guarded = Fallback(lambda **kw: 1 / 0, lambda **kw: sglang.append(kw), what="x")
     guarded(bs=2, seq_lens="s")
     assert sglang == [{"bs": 2, "seq_lens": "s"}]
+
+
+@pytest.mark.quick
+def test_what_a_backend_attribute_holds_is_the_fallbacks_call_and_leads_back_to_it():
+    guarded = Fallback(lambda **kw: 1 / 0, lambda **kw: ("sglang", kw), what="x")
+    installed = guarded.installed
+    assert installed(bs=3, seq_lens="s") == ("sglang", {"bs": 3, "seq_lens": "s"})
+    assert fallback_of(installed) is guarded and guarded.failed == {3}
+    assert fallback_of(guarded.sglang) is None and fallback_of(None) is None

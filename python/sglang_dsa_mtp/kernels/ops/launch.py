@@ -93,7 +93,7 @@ class _Plan:
         if self.get_device() != device:
             return False
         input_len = self.input_len
-        args = []  # every parameter's value, in order, tensors by address
+        pointers = []  # the inputs' addresses
         try:
             for tensor, (dtype, stride) in zip(inputs, self.input_specs):
                 if (
@@ -103,32 +103,41 @@ class _Plan:
                     or tensor.get_device() != device
                 ):
                     return False
-                args.append(tensor.data_ptr())
+                pointers.append(tensor.data_ptr())
         except Exception:  # not a tensor: the wrapper's checks name it
             return False
-        args += self.rest
         stream = self.get_stream(device)
-        runtime = triton.knobs.runtime
+        runtime = triton.knobs.runtime  # (Triton 3.8: hooks are plain attributes, no env lookup)
         enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
-        if _no_hook(enter) and _no_hook(exit_):  # nothing to call: the metadata would go unread
+        if (
+            type(enter) is _HookChain  # Triton's default, checked inline: two empty hook chains
+            and not enter.calls
+            and type(exit_) is _HookChain
+            and not exit_.calls
+        ):
             metadata = enter = exit_ = None
         else:
             enter, exit_ = _live_hook(enter), _live_hook(exit_)
-            metadata = self.compiled.launch_metadata(self.grid, stream, *args)
+            if enter is None and exit_ is None:  # nothing to call: the metadata would go unread
+                metadata = None
+            else:
+                metadata = self.compiled.launch_metadata(self.grid, stream, *pointers, *self.rest)
         self.run(
-            *self.grid, stream, self.function, self.packed_metadata, metadata, enter, exit_, *args
+            *self.grid,
+            stream,
+            self.function,
+            self.packed_metadata,
+            metadata,
+            enter,
+            exit_,
+            *pointers,
+            *self.rest,
         )
         return True
 
 
 # Triton's launch hook chain (Triton 3.5 on), None where it has none.
 _HookChain = getattr(getattr(triton, "knobs", None), "HookChain", None)
-
-
-def _no_hook(hook) -> bool:
-    """Whether the launcher would call nothing for ``hook``: None, or an empty Triton hook chain
-    (the one check at every launch; :func:`_live_hook` takes every other case)."""
-    return hook is None or (type(hook) is _HookChain and not hook.calls) or _live_hook(hook) is None
 
 
 def _live_hook(hook):

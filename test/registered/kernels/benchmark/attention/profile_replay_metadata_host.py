@@ -2,11 +2,13 @@
 
 For each op (decode, target verify, draft extend, the MTP one launch into ``--steps`` step backends)
 at each batch size, on SGLang's graph buffers of that batch size, called as the server calls it
-(SGLang's keyword arguments, new input views at every call): the whole call behind the per-bs
-fallback, then its parts, each timed alone in a loop (the best of ``--rounds`` rounds of ``--calls``
-calls, microseconds per call):
+(SGLang's keyword arguments, each one written in the call as SGLang's replay writes it, at what the
+selection hook installs: ``Fallback.installed``): the whole call behind the per-bs fallback, then its
+parts, each timed alone in a loop (the best of ``--rounds`` rounds of ``--calls`` calls,
+microseconds per call):
 
-* ``fallback``: ``integration.fallback.Fallback`` around a function that does nothing;
+* ``fallback``: ``integration.fallback.Fallback`` around a function that does nothing, called the same
+  way;
 * ``wrapper``: our wrapper called directly (the keyword binding, its ``locals()``, everything below);
 * ``by keyword``: ``LaunchPlans.call_keywords`` of the call's keyword dict, what the fallback calls
   in the wrapper's place (the wrapper's defaults added, everything below);
@@ -81,15 +83,15 @@ def profile(op, plans, kwargs, calls: int, rounds: int) -> dict:
     inputs = plans._inputs(arguments)
     args = (*map(torch.Tensor.data_ptr, inputs), *plan.rest)
     stream = plan.get_stream(plan.device)
-    served = Fallback(ours, ours, what=op)
-    nothing = Fallback(_nothing, _nothing, what=op)
+    served = Fallback(ours, ours, what=op).installed
+    nothing = Fallback(_nothing, _nothing, what=op).installed
 
     def launcher():
         plan.run(*plan.grid, stream, plan.function, plan.packed_metadata, None, None, None, *args)
 
     parts = {
-        "call": lambda: served(**kwargs),
-        "fallback": lambda: nothing(**kwargs),
+        "call": as_sglang_calls(served, kwargs),
+        "fallback": as_sglang_calls(nothing, kwargs),
         "wrapper": lambda: ours(**kwargs),
         "by keyword": lambda: plans.call_keywords(kwargs),
         "key": lambda: plans.key(arguments),
@@ -98,6 +100,14 @@ def profile(op, plans, kwargs, calls: int, rounds: int) -> dict:
         "launcher": launcher,
     }
     return {name: best_us(fn, calls, rounds) for name, fn in parts.items()}
+
+
+def as_sglang_calls(fn, kwargs: dict):
+    """A call of ``fn`` with ``kwargs`` as SGLang's replay makes it: every argument a keyword
+    written in the call (not ``**kwargs``, which Python passes another way), each value read from
+    a variable."""
+    keywords = ", ".join(f"{name}={name}" for name in kwargs)
+    return eval(f"lambda fn, {', '.join(kwargs)}: lambda: fn({keywords})")(fn, **kwargs)
 
 
 def _nothing(**kwargs) -> None:

@@ -4,10 +4,10 @@ Used by ``dsa_metadata_bounded`` (decode, target verify, draft extend) and
 ``dsa_draft_decode_metadata`` (the MTP one launch). A launch has ``1 + programs`` programs, from
 :func:`bounded_num_programs` (requests, width, budget; never the live lengths, so one CUDA-graph
 capture serves every replay). Program 0 writes the length vectors; the others take every
-``programs``-th live ``TILE_N``-column tile of the whole batch (:func:`copy_live_tiles`), each read
-once and stored to every output row of its request and every destination table. The write region
-is SGLang's, exactly: columns ``c < min(width, 128 * cdiv(kv_len, 128))`` per row; everything else
-keeps its contents. Details: docs/switches.md, section "Bounded replay-metadata kernels".
+``programs``-th live ``TILE_N``-column tile of the whole batch, or with one row per request a run of
+consecutive ones (:func:`copy_live_tiles`), each read once and stored to every output row of its
+request and every destination table. The write region is SGLang's, exactly: columns
+``c < min(width, 128 * cdiv(kv_len, 128))`` per row; everything else keeps its contents. Details: docs/switches.md, section "Bounded replay-metadata kernels".
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def copy_live_tiles(
     NUM_STAGES: tl.constexpr,
 ):
     """Program ``program`` (of ``num_programs``)'s share of the batch's live tiles: global tiles
-    ``program, program + num_programs, ...`` in request order, each into its request's rows of
+    ``program, program + num_programs, ...`` in request order (with ``ROWS_PER_REQUEST == 1``, the
+    ``program``-th of ``num_programs`` equal runs of consecutive tiles), each into its request's rows of
     every table of ``page_tables`` / ``real_page_tables`` (tuples of one length, tables sharing
     their strides). A request's KV length is ``seq_lens + KV_ADD``; its rows are ``r`` (one per
     request, ``ROWS_PER_REQUEST == 1``), ``r * n .. + n`` (``ROWS_PER_REQUEST == n``), or, with
@@ -115,13 +116,98 @@ def copy_live_tiles(
     else:
         first_rows = offs_b * ROWS_PER_REQUEST
         row_counts = offs_b * 0 + ROWS_PER_REQUEST
-    # This program's first tile's request; then, at each tile past the request's last, the next.
-    # (A program with no tile, all of the batch's tiles before it, has req == BLOCK_BS.)
-    req = tl.sum((tiles_end <= program).to(tl.int32), 0)
+    # This program's tiles: with one row per request (decode), a run of consecutive tiles (its
+    # share of the batch's), so that it changes request rarely (each change is one reduction of the
+    # request lanes, against one row to write per tile), its loads software-pipelined only where
+    # the run has two tiles or more (the pipeline costs a run of one about a microsecond); with
+    # several rows per request, every num_programs-th tile (the programs read neighbouring tiles
+    # together), pipelined.
+    total = tl.sum(tiles, 0)
+    if ROWS_PER_REQUEST == 1:
+        start = (program.to(tl.int64) * total // num_programs).to(tl.int32)
+        stop = ((program + 1).to(tl.int64) * total // num_programs).to(tl.int32)
+        step = 1
+        pipelined = stop - start > 1
+    else:
+        start, stop, step, pipelined = program, total, num_programs, True
+    lanes = (offs_b, tiles_end, tiles, live_end, first_rows, row_counts, slots)
+    strides = (
+        req_to_token_stride_0,
+        req_to_token_stride_1,
+        page_table_stride_0,
+        page_table_stride_1,
+        real_page_table_stride_0,
+        real_page_table_stride_1,
+    )
+    tables = (req_to_token, page_tables, real_page_tables)
+    if pipelined:
+        _copy_tiles(
+            tables,
+            lanes,
+            strides,
+            start,
+            stop,
+            step,
+            ROWS_PER_REQUEST,
+            physical_page_size,
+            HAS_PAGE_TABLE_1,
+            HAS_REAL_PAGE_TABLE,
+            TILE_N,
+            NUM_STAGES,
+        )
+    else:
+        _copy_tiles(
+            tables,
+            lanes,
+            strides,
+            start,
+            stop,
+            step,
+            ROWS_PER_REQUEST,
+            physical_page_size,
+            HAS_PAGE_TABLE_1,
+            HAS_REAL_PAGE_TABLE,
+            TILE_N,
+            1,
+        )
+
+
+@triton.jit
+def _copy_tiles(
+    tables,
+    lanes,
+    strides,
+    start,
+    stop,
+    step,
+    ROWS_PER_REQUEST: tl.constexpr,
+    physical_page_size: tl.constexpr,
+    HAS_PAGE_TABLE_1: tl.constexpr,
+    HAS_REAL_PAGE_TABLE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """Global tiles ``start, start + step, ...`` below ``stop`` into their requests' rows, the
+    loads pipelined over ``NUM_STAGES`` stages: :func:`copy_live_tiles`'s loop, over its
+    ``(req_to_token, page_tables, real_page_tables)``, its per-request lanes (lane index, tiles
+    end, tiles, live end, first row, row count, slot) and its six strides."""
+    req_to_token, page_tables, real_page_tables = tables
+    offs_b, tiles_end, tiles, live_end, first_rows, row_counts, slots = lanes
+    (
+        req_to_token_stride_0,
+        req_to_token_stride_1,
+        page_table_stride_0,
+        page_table_stride_1,
+        real_page_table_stride_0,
+        real_page_table_stride_1,
+    ) = strides
+    # The first tile's request; then, at each tile past the request's last, the next. (A program
+    # with no tile, all of the batch's tiles before it, has req == BLOCK_BS.)
+    req = tl.sum((tiles_end <= start).to(tl.int32), 0)
     tile_end, tile_start, end, first_row, num_rows, req_idx = _request_facts(
         req, offs_b, tiles_end, tiles, live_end, first_rows, row_counts, slots
     )
-    for tile in tl.range(program, tl.sum(tiles, 0), num_programs, num_stages=NUM_STAGES):
+    for tile in tl.range(start, stop, step, num_stages=NUM_STAGES):
         if tile >= tile_end:
             req = tl.sum((tiles_end <= tile).to(tl.int32), 0)
             tile_end, tile_start, end, first_row, num_rows, req_idx = _request_facts(

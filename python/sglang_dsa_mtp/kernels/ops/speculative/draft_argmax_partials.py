@@ -74,12 +74,15 @@ def _draft_argmax_partials_kernel(
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     offs = split * BLOCK_N + tl.arange(0, BLOCK_N)
-    valid = offs < valid_width
-    # bf16 -> fp32 is exact. Masked lanes read -inf: they sit at higher columns than every valid
-    # one, so the lowest column at the max is a valid one whenever the split has one.
-    vals = tl.load(
-        logits + row * logits_stride_0 + offs * logits_stride_1, mask=valid, other=float("-inf")
-    ).to(tl.float32)
+    src = logits + row * logits_stride_0 + offs * logits_stride_1
+    # bf16 -> fp32 is exact. A split wholly below valid_width loads without a mask, which lets
+    # the load be vectorized (valid_width is not specialized on). Masked lanes read -inf: they sit
+    # at higher columns than every valid one, so the lowest column at the max is a valid one
+    # whenever the split has one.
+    if (split + 1) * BLOCK_N <= valid_width:
+        vals = tl.load(src).to(tl.float32)
+    else:
+        vals = tl.load(src, mask=offs < valid_width, other=float("-inf")).to(tl.float32)
     # Two float reductions: the max, then the lowest column holding it. A NaN (rare) shows as a
     # NaN max; then the first NaN column is taken, and the max again with NaN as -1e30, as
     # draft_topk1_postprocess counts it (-0.0 and +0.0 compare equal, as in torch.argmax).

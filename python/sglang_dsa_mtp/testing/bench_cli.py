@@ -111,6 +111,18 @@ def batch_lengths(live: int, bs: int, mixed: bool) -> list[int]:
     return [live] + [MIXED_SHORT if mixed else live] * (bs - 1)
 
 
+TIE_SHARE, TIE_US = 0.01, 0.1  # within 1% + 0.1 us of the fastest other arm counts as a tie
+
+
+def fastest_verdict(ours: float, others: list) -> str:
+    """Whether ``ours`` is the fastest among ``others`` (microseconds): ``yes`` (no slower than
+    any), ``tie`` (slower by at most 1% + 0.1 us of the fastest) or ``**NO**``."""
+    best = min(others)
+    if ours <= best:
+        return "yes"
+    return "tie" if ours <= best * (1 + TIE_SHARE) + TIE_US else "**NO**"
+
+
 def markdown_header(header: list[str]) -> str:
     return "| " + " | ".join(header) + " |\n" + "|" + "---|" * len(header)
 

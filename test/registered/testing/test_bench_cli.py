@@ -1,4 +1,5 @@
-"""The benchmarks' shared command-line helpers: defaults in the help, and the ``--json`` record."""
+"""The benchmarks' shared command-line helpers: defaults in the help, the ``--json`` record, and
+the verdict of the fastest-arm column."""
 
 import json
 
@@ -9,6 +10,7 @@ from sglang_dsa_mtp.testing.bench_cli import (
     SPEC_EPILOG,
     batch_lengths,
     benchmark_parser,
+    fastest_verdict,
     measurements,
     sweep_points,
     write_json,
@@ -76,3 +78,12 @@ def test_a_mixed_point_follows_every_point_of_more_than_one_request():
 def test_a_mixed_batch_has_one_request_at_the_live_length_and_the_others_short():
     assert batch_lengths(65536, 3, mixed=False) == [65536] * 3
     assert batch_lengths(65536, 3, mixed=True) == [65536, MIXED_SHORT, MIXED_SHORT]
+
+
+@pytest.mark.quick
+def test_ours_is_fastest_no_slower_tied_within_one_percent_and_a_tenth_of_a_microsecond():
+    assert fastest_verdict(34.0, [34.0, 50.0]) == "yes"
+    assert fastest_verdict(34.44, [34.0, 50.0]) == "tie"  # 34.0 * 1.01 + 0.1
+    assert fastest_verdict(34.5, [34.0, 50.0]) == "**NO**"
+    assert fastest_verdict(1.1, [1.0]) == "tie"
+    assert fastest_verdict(1.12, [1.0]) == "**NO**"

@@ -57,6 +57,7 @@ from sglang_dsa_mtp.testing.bench_cli import (
     add_timing_arguments,
     batch_lengths,
     benchmark_parser,
+    fastest_verdict,
     markdown_header,
     markdown_row,
     measurements,
@@ -228,7 +229,7 @@ def main(argv=None) -> int:
         cells += ["-" if row[c] is None else f"{row[c]:.1f}" for c in columns]
         cells += [f"{floor:.1f}", "-" if best is None else f"{best / floor:.2f}"]
         cells.append(f"{scratch_bytes(bs) / 2**20:.1f}")
-        fastest = "-" if best is None or not stock else ("yes" if best <= min(stock) else "**NO**")
+        fastest = "-" if best is None or not stock else fastest_verdict(best, stock)
         cells.append(fastest)
         print(markdown_row(cells), flush=True)
         records.append(

@@ -65,6 +65,7 @@ from sglang_dsa_mtp.testing.bench_cli import (
     add_timing_arguments,
     batch_lengths,
     benchmark_parser,
+    fastest_verdict,
     markdown_header,
     markdown_row,
     measurements,
@@ -310,9 +311,7 @@ def main(argv=None) -> int:
             cells += [f"{min(ours) / floor_host:.2f}" if ours else "-"]
         else:
             sglang = [row[a] for a in ("sglang", "sglang_kpool") if a in row]
-            fastest = (
-                "-" if not (ours and sglang) else ("yes" if min(ours) <= min(sglang) else "**NO**")
-            )
+            fastest = fastest_verdict(min(ours), sglang) if ours and sglang else "-"
             cells += [f"{floor:.1f}", f"{min(ours) / floor:.2f}" if ours else "-", fastest]
         print(markdown_row(cells), flush=True)
         records.append(dict(op=op, live=live, bs=bs, mixed=mixed, floor_us=floor, **row))

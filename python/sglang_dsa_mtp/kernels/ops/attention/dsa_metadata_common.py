@@ -7,7 +7,8 @@ capture serves every replay). Program 0 writes the length vectors; the others ta
 ``programs``-th live ``TILE_N``-column tile of the whole batch, or with one row per request a run of
 consecutive ones (:func:`copy_live_tiles`), each read once and stored to every output row of its
 request and every destination table. The write region is SGLang's, exactly: columns
-``c < min(width, 128 * cdiv(kv_len, 128))`` per row; everything else keeps its contents. Details: docs/switches.md, section "Bounded replay-metadata kernels".
+``c < min(width, 128 * cdiv(kv_len, 128))`` per row; everything else keeps its contents. Details:
+docs/switches.md, section "Bounded replay-metadata kernels".
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ def copy_live_tiles(
 ):
     """Program ``program`` (of ``num_programs``)'s share of the batch's live tiles: global tiles
     ``program, program + num_programs, ...`` in request order (with ``ROWS_PER_REQUEST == 1``, the
-    ``program``-th of ``num_programs`` equal runs of consecutive tiles), each into its request's rows of
-    every table of ``page_tables`` / ``real_page_tables`` (tuples of one length, tables sharing
-    their strides). A request's KV length is ``seq_lens + KV_ADD``; its rows are ``r`` (one per
+    ``program``-th of ``num_programs`` equal runs of consecutive tiles), each into its request's
+    rows of every table of ``page_tables`` / ``real_page_tables`` (tuples of one length, tables
+    sharing their strides). A request's KV length is ``seq_lens + KV_ADD``; its rows are ``r`` (one per
     request, ``ROWS_PER_REQUEST == 1``), ``r * n .. + n`` (``ROWS_PER_REQUEST == n``), or, with
     ``ROWS_PER_REQUEST == 0`` (draft extend), its ``extend_seq_lens`` rows (none past
     ``total_len``), starting at ``r * extend_seq_lens[r]`` (``STATIC_EXTEND_LEN``) or after the

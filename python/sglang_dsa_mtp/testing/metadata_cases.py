@@ -317,19 +317,25 @@ def req_to_token_past_int32(
 # ------------------------------------------------------------------------------------------------
 
 
-def run_draft_decode_multi(case: MetadataCase, outs: list[dict], budget=None) -> list[dict]:
-    """Our one launch into every one of ``outs`` (decode :meth:`MetadataCase.outputs` dicts)."""
-    draft.fused_dsa_draft_decode_metadata_multi(
-        case.seq_lens,
-        case.req_pool_indices,
-        case.req_to_token,
-        [draft.DecodeMetadataDestination(**out) for out in outs],
+def draft_decode_multi_kwargs(case: MetadataCase, outs: list[dict], budget=None) -> dict:
+    """The keyword arguments of our one launch of ``case`` into every one of ``outs`` (decode
+    :meth:`MetadataCase.outputs` dicts)."""
+    return dict(
+        seq_lens=case.seq_lens,
+        req_pool_indices=case.req_pool_indices,
+        req_to_token=case.req_to_token,
+        destinations=[draft.DecodeMetadataDestination(**out) for out in outs],
         bs=case.bs,
         max_len=case.width,
         dsa_index_topk=case.topk,
         physical_page_size=case.page_size,
         budget=budget,
     )
+
+
+def run_draft_decode_multi(case: MetadataCase, outs: list[dict], budget=None) -> list[dict]:
+    """Our one launch into every one of ``outs`` (decode :meth:`MetadataCase.outputs` dicts)."""
+    draft.fused_dsa_draft_decode_metadata_multi(**draft_decode_multi_kwargs(case, outs, budget))
     return outs
 
 

@@ -106,6 +106,16 @@ def launch_floor_us(calls: int = 20, replays: int = 30) -> float:
     return cuda_graph_time_us(lambda: one.add_(1), calls=calls, replays=replays)
 
 
+def written_call(fn, kwargs: dict):
+    """A function of no arguments that calls ``fn`` with ``kwargs`` as a call site writes the call:
+    every argument a keyword written in the call (a ``**dict`` Python passes another way, through
+    one more dict), each value read from a variable. SGLang's replay calls its kernels so."""
+    if not all(name.isidentifier() for name in kwargs):
+        raise ValueError(f"kwargs must be named by identifiers, got {list(kwargs)}")
+    keywords = ", ".join(f"{name}={name}" for name in kwargs)
+    return eval(f"lambda fn, {', '.join(kwargs)}: lambda: fn({keywords})")(fn, **kwargs)
+
+
 def host_times_us(fns: dict, *, calls: int = 200, repeats: int = 21) -> dict:
     """Host microseconds per call of each of ``fns``: ``calls`` back-to-back calls timed on the host
     clock (the GPU work is queued, not waited for), median of ``repeats`` rounds; each round times

@@ -7,8 +7,11 @@ and at least ``input_len`` entries. A key's first call goes through ``JITFunctio
 call the compiled kernel's launcher directly, tensors as ``data_ptr()``: ``run(grid_x, grid_y,
 grid_z, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook,
 *every_parameter_value)``, Triton's private interface, read for Triton 3.4 to 3.8
-(:data:`DIRECT_LAUNCH_TRITON`); other Tritons and the interpreter always take the JIT path, which
-:func:`launch_path` says in words (``python -m sglang_dsa_mtp`` and the plugin's start-up line). Buffers
+(:data:`DIRECT_LAUNCH_TRITON`); on Triton 3.6 and 3.8 (:data:`NATIVE_LAUNCH_TRITON`) a plan calls the
+C function behind that launcher's Python ``__call__`` (its ``launch``) with the arguments the
+``__call__`` would give it, where the kernel needs no scratch memory (:func:`native_launch`). Other
+Tritons and the interpreter always take the JIT path, which :func:`launch_path` says in words
+(``python -m sglang_dsa_mtp`` and the plugin's start-up line). Buffers
 resized or re-pointed in place under a live plan are not supported. :func:`keyword_call` makes a
 wrapper's call from one dict of keyword arguments (SGLang's call, as the per-bs fallback holds it),
 through the plan without the wrapper's own frame. :func:`warm_up` compiles a call's variant on
@@ -38,7 +41,11 @@ def _triton_release(version: str) -> tuple[int, ...]:
 
 
 TRITON_VERSION = triton.__version__  # the installed release, as read at import
-DIRECT_LAUNCH = _triton_release(TRITON_VERSION) in DIRECT_LAUNCH_TRITON
+TRITON_RELEASE = _triton_release(TRITON_VERSION)
+DIRECT_LAUNCH = TRITON_RELEASE in DIRECT_LAUNCH_TRITON
+# The releases whose CUDA launcher's ``__call__`` a plan steps over (:func:`native_launch`), each
+# read for the arguments that ``__call__`` passes its C ``launch``.
+NATIVE_LAUNCH_TRITON = ((3, 6), (3, 8))
 
 
 def launch_path() -> str:
@@ -46,7 +53,16 @@ def launch_path() -> str:
     this module was imported), in words."""
     known = ", ".join(".".join(map(str, release)) for release in DIRECT_LAUNCH_TRITON)
     if DIRECT_LAUNCH:
-        return f"direct (Triton {TRITON_VERSION}'s compiled-kernel launcher, read for {known})"
+        native = ", ".join(".".join(map(str, release)) for release in NATIVE_LAUNCH_TRITON)
+        beneath = (
+            f"; the C launch beneath it, read for {native}"
+            if TRITON_RELEASE in NATIVE_LAUNCH_TRITON
+            else ""
+        )
+        return (
+            f"direct (Triton {TRITON_VERSION}'s compiled-kernel launcher, read for {known}"
+            f"{beneath})"
+        )
     return (
         f"JIT path at every call (Triton {TRITON_VERSION}: the compiled-kernel launcher is read "
         f"for {known} only; the same kernels, with Triton's per-call dispatch on the host)"
@@ -70,9 +86,10 @@ class _Plan:
 
     __slots__ = (
         "compiled",
-        "run",
-        "function",
-        "packed_metadata",
+        "call",
+        "before",
+        "after",
+        "args_as_tuple",
         "grid",
         "device",
         "get_device",
@@ -122,17 +139,29 @@ class _Plan:
                 metadata = None
             else:
                 metadata = self.compiled.launch_metadata(self.grid, stream, *pointers, *self.rest)
-        self.run(
-            *self.grid,
-            stream,
-            self.function,
-            self.packed_metadata,
-            metadata,
-            enter,
-            exit_,
-            *pointers,
-            *self.rest,
-        )
+        if self.args_as_tuple:  # Triton 3.8's C launch: the kernel's arguments as one tuple
+            self.call(
+                *self.grid,
+                stream,
+                *self.before,
+                metadata,
+                enter,
+                exit_,
+                *self.after,
+                (*pointers, *self.rest),
+            )
+        else:
+            self.call(
+                *self.grid,
+                stream,
+                *self.before,
+                metadata,
+                enter,
+                exit_,
+                *self.after,
+                *pointers,
+                *self.rest,
+            )
         return True
 
 
@@ -255,12 +284,12 @@ class LaunchPlans:
             return  # a plan takes 1-D inputs only
         plan = _Plan()
         plan.compiled = compiled
-        plan.run = compiled.run
-        plan.function = compiled.function
-        plan.packed_metadata = compiled.packed_metadata
+        native = native_launch(compiled.run)
+        plan.call, extras, plan.after, plan.args_as_tuple = native or (compiled.run, (), (), False)
+        plan.before = (compiled.function, *extras, compiled.packed_metadata)
         plan.grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
         active = self.driver or triton.runtime.driver.active
-        plan.get_device = active.get_current_device
+        plan.get_device = _current_device_getter(active)
         plan.get_stream = active.get_current_stream
         plan.device = plan.get_device()
         plan.input_specs = tuple((t.dtype, t.stride()) for t in inputs)
@@ -279,6 +308,45 @@ class LaunchPlans:
 
         plan.refs = tuple(weakref.ref(b, drop) for b in buffers)
         plans[key] = plan
+
+
+def native_launch(launcher) -> tuple | None:
+    """The C function behind a compiled kernel's launcher (its ``run``) and what its Python
+    ``__call__`` passes it around a launch's own arguments, where a plan may call it in the
+    launcher's place: ``(launch, before, after, args_as_tuple)``, the launch called as
+    ``launch(grid_x, grid_y, grid_z, stream, function, *before, packed_metadata, launch_metadata,
+    enter_hook, exit_hook, *after, *arguments)`` (``run`` itself is called so with ``before`` and
+    ``after`` empty) (Triton 3.8: the arguments as one tuple). Only for
+    Triton's CUDA launcher of a release in :data:`NATIVE_LAUNCH_TRITON`, for a kernel without
+    scratch memory (whose ``__call__`` allocates nothing, passing None for it) and without
+    Triton 3.8's global sanitizer; else None, and the plan calls the launcher."""
+    if (
+        TRITON_RELEASE not in NATIVE_LAUNCH_TRITON
+        or type(launcher).__name__ != "CudaLauncher"
+        or type(launcher).__module__ != "triton.backends.nvidia.driver"
+        or launcher.global_scratch_size
+        or launcher.profile_scratch_size
+        or getattr(launcher, "gsan_enabled", False)
+    ):
+        return None
+    flags = (launcher.launch_cooperative_grid, launcher.launch_pdl)
+    if TRITON_RELEASE == (3, 6):
+        # __call__(grid, stream, function, *args) -> launch(grid, stream, function, cooperative,
+        # pdl, global_scratch, profile_scratch, *args); args: metadata, hooks, then the kernel's.
+        return launcher.launch, (*flags, None, None), (), False
+    # 3.8: __call__(grid, stream, function, packed, metadata, enter, exit, *args) -> launch(grid,
+    # stream, function, cooperative, pdl, packed, metadata, enter, exit, global_scratch,
+    # profile_scratch, arg_annotations, kernel_signature, args)
+    after = (None, None, launcher.arg_annotations, launcher.kernel_signature)
+    return launcher.launch, flags, after, True
+
+
+def _current_device_getter(active):
+    """The driver's current-device query: torch's ``_cuda_getDevice`` where the driver uses
+    ``torch.cuda.current_device``, which checks CUDA's lazy initialization at every call (a plan
+    exists only after a launch: CUDA is initialized)."""
+    getter = active.get_current_device
+    return torch._C._cuda_getDevice if getter is torch.cuda.current_device else getter
 
 
 _SCALARS = (int, bool, float, str, type(None))

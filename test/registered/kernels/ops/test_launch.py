@@ -362,10 +362,91 @@ def test_a_plan_launch_that_raises_raises_and_is_not_launched_again(inputs):
         raise RuntimeError("launch failed")
 
     kernel.compiled.run = run
-    plans._plans[next(iter(plans._plans))].run = run
+    plans._plans[next(iter(plans._plans))].call = run
     with pytest.raises(RuntimeError, match="launch failed"):
         call(plans, out, *inputs)
     assert len(kernel.jit_calls) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# The C launch beneath Triton's CUDA launcher (``native_launch``)
+# ------------------------------------------------------------------------------------------------
+
+
+def cuda_launcher(recorded: list, *, scratch: int = 0):
+    """Triton's own ``CudaLauncher`` (the installed release's class), made without compiling
+    anything: its C ``launch`` records what it is given."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    launcher = object.__new__(CudaLauncher)
+    launcher.num_ctas = 1
+    launcher.global_scratch_size, launcher.global_scratch_align = scratch, 1
+    launcher.profile_scratch_size, launcher.profile_scratch_align = 0, 1
+    launcher.launch_cooperative_grid, launcher.launch_pdl = False, True
+    launcher.gsan_enabled = False
+    launcher.arg_annotations, launcher.kernel_signature = ["annotations"], b"signature"
+    launcher.launch = lambda *args: recorded.append(args)
+    return launcher
+
+
+def call_twice_through(launcher, inputs) -> tuple:
+    """Two calls of one key, the compiled kernel's launcher ``launcher``: the second launches
+    through the plan. Returns the kernel's arguments as the plan passes them."""
+    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
+    kernel.compiled.run = launcher
+    plans = make_plans(kernel)
+    for _ in range(2):
+        call(plans, out, *inputs)
+    return inputs[0].data_ptr(), inputs[1].data_ptr(), out.data_ptr(), 1, 3, 4
+
+
+@pytest.mark.skipif(
+    launch.TRITON_RELEASE != (3, 8), reason="compares with the installed Triton 3.8's launcher"
+)
+def test_on_triton_3_8_a_plan_gives_the_c_launch_what_the_launchers_call_gives_it(
+    inputs, monkeypatch
+):
+    monkeypatch.setattr(launch.triton.runtime.driver, "_active", SimpleNamespace())
+    by_plan, by_triton = [], []
+    args = call_twice_through(cuda_launcher(by_plan), inputs)
+    cuda_launcher(by_triton)(4, 1, 1, 77, "function", "packed", None, None, None, *args)
+    assert by_plan == by_triton and len(by_plan) == 1
+    assert by_plan[0][-1] == args  # (the kernel's arguments, one tuple)
+
+
+def test_on_triton_3_6_a_plan_gives_the_c_launch_the_arguments_its_launcher_adds(
+    inputs, monkeypatch
+):
+    """Triton 3.6's ``CudaLauncher.__call__(grid, stream, function, *args)`` calls ``launch(grid,
+    stream, function, cooperative, pdl, global_scratch, profile_scratch, *args)`` (read in its
+    source; the installed Triton may be another release, so the layout is written out)."""
+    monkeypatch.setattr(launch, "TRITON_RELEASE", (3, 6))
+    recorded = []
+    args = call_twice_through(cuda_launcher(recorded), inputs)
+    head = (4, 1, 1, 77, "function", False, True, None, None, "packed", None, None, None)
+    assert recorded == [(*head, *args)]
+
+
+@pytest.mark.parametrize("release, scratch", [((3, 7), 0), ((3, 8), 64), ((3, 6), 64)])
+def test_another_release_or_a_kernel_with_scratch_memory_calls_the_launcher(
+    inputs, monkeypatch, release, scratch
+):
+    """The launcher's ``__call__`` allocates scratch memory, and other releases' are not read."""
+    monkeypatch.setattr(launch, "TRITON_RELEASE", release)
+    native, called = [], []
+    launcher = cuda_launcher(native, scratch=scratch)
+    monkeypatch.setattr(type(launcher), "__call__", lambda self, *args: called.append(args))
+    call_twice_through(launcher, inputs)
+    assert native == [] and len(called) == 1
+    assert called[0][:9] == (4, 1, 1, 77, "function", "packed", None, None, None)
+
+
+def test_a_plan_asks_torch_for_the_current_device_without_its_lazy_init_check():
+    """Triton's driver asks ``torch.cuda.current_device``, which checks CUDA's lazy initialization
+    first; a plan exists only after a launch, so it asks ``torch._C._cuda_getDevice`` itself."""
+    torch_driver = SimpleNamespace(get_current_device=torch.cuda.current_device)
+    assert launch._current_device_getter(torch_driver) is torch._C._cuda_getDevice
+    assert launch._current_device_getter(DRIVER) is DRIVER.get_current_device
 
 
 # ------------------------------------------------------------------------------------------------

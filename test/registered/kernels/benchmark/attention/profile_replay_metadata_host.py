@@ -15,7 +15,10 @@ microseconds per call):
 * ``key``: ``LaunchPlans.key`` of the call's arguments;
 * ``lookup``: the plan's dict lookup by that key;
 * ``plan launch``: ``_Plan.launch`` (the inputs' checks, the arguments packed, the launcher called);
-* ``launcher``: the compiled kernel's launcher alone, with the packed arguments.
+* ``launcher``: what the plan calls to launch, alone, with the packed arguments: on Triton 3.6 and 3.8
+  the C launch beneath Triton's compiled-kernel launcher (``launch.native_launch``), else that
+  launcher;
+* ``Triton's launcher``: the compiled kernel's launcher (its Python ``__call__`` included), alone.
 
 On a GPU the launcher is Triton's; on a CPU (no GPU present) the plans are made as on a GPU with a
 launcher that does nothing (``testing.launch_stubs``): the Python of our call, without Triton's.
@@ -43,9 +46,10 @@ from sglang_dsa_mtp.testing.bench_cli import markdown_header, markdown_row, pars
 from sglang_dsa_mtp.testing.constants import SMALL_WIDTH, WIDTH_1M
 from sglang_dsa_mtp.testing.launch_stubs import ALL_PLANS, Patches, planned_on_cpu
 from sglang_dsa_mtp.testing.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
+from sglang_dsa_mtp.testing.timing import written_call
 
 OPS = ("decode", "verify", "draft_extend", "mtp")
-PARTS = ("by keyword", "key", "lookup", "plan launch", "launcher")
+PARTS = ("by keyword", "key", "lookup", "plan launch", "launcher", "Triton's launcher")
 
 
 def best_us(fn, calls: int, rounds: int) -> float:
@@ -87,27 +91,29 @@ def profile(op, plans, kwargs, calls: int, rounds: int) -> dict:
     nothing = Fallback(_nothing, _nothing, what=op).installed
 
     def launcher():
-        plan.run(*plan.grid, stream, plan.function, plan.packed_metadata, None, None, None, *args)
+        if plan.args_as_tuple:
+            plan.call(*plan.grid, stream, *plan.before, None, None, None, *plan.after, args)
+        else:
+            plan.call(*plan.grid, stream, *plan.before, None, None, None, *plan.after, *args)
+
+    def triton_launcher():
+        compiled = plan.compiled
+        compiled.run(
+            *plan.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args
+        )
 
     parts = {
-        "call": as_sglang_calls(served, kwargs),
-        "fallback": as_sglang_calls(nothing, kwargs),
+        "call": written_call(served, kwargs),
+        "fallback": written_call(nothing, kwargs),
         "wrapper": lambda: ours(**kwargs),
         "by keyword": lambda: plans.call_keywords(kwargs),
         "key": lambda: plans.key(arguments),
         "lookup": lambda: plans._plans.get(key),
         "plan launch": lambda: plan.launch(inputs),
         "launcher": launcher,
+        "Triton's launcher": triton_launcher,
     }
     return {name: best_us(fn, calls, rounds) for name, fn in parts.items()}
-
-
-def as_sglang_calls(fn, kwargs: dict):
-    """A call of ``fn`` with ``kwargs`` as SGLang's replay makes it: every argument a keyword
-    written in the call (not ``**kwargs``, which Python passes another way), each value read from
-    a variable."""
-    keywords = ", ".join(f"{name}={name}" for name in kwargs)
-    return eval(f"lambda fn, {', '.join(kwargs)}: lambda: fn({keywords})")(fn, **kwargs)
 
 
 def _nothing(**kwargs) -> None:

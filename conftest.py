@@ -64,8 +64,8 @@ def triton_release(monkeypatch):
     """``triton_release("3.9.0")``: a fresh copy of ``kernels.ops.launch``, imported while Triton
     reports that release, and the module in use given that copy's ``TRITON_VERSION``,
     ``TRITON_RELEASE`` and ``DIRECT_LAUNCH`` (what it reads from the release at import), restored
-    after the test; returns the copy. The module in use is never re-imported, so every reference to it stays valid.
-    """
+    after the test; returns the copy. The module in use is never re-imported, so every reference
+    to it stays valid."""
     import importlib.util
 
     import triton

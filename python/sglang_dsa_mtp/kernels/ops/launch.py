@@ -285,8 +285,8 @@ class LaunchPlans:
         plan = _Plan()
         plan.compiled = compiled
         native = native_launch(compiled.run)
-        plan.call, extras, plan.after, plan.args_as_tuple = native or (compiled.run, (), (), False)
-        plan.before = (compiled.function, *extras, compiled.packed_metadata)
+        plan.call, between, plan.after, plan.args_as_tuple = native or (compiled.run, (), (), False)
+        plan.before = (compiled.function, *between, compiled.packed_metadata)
         plan.grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
         active = self.driver or triton.runtime.driver.active
         plan.get_device = _current_device_getter(active)
@@ -313,13 +313,13 @@ class LaunchPlans:
 def native_launch(launcher) -> tuple | None:
     """The C function behind a compiled kernel's launcher (its ``run``) and what its Python
     ``__call__`` passes it around a launch's own arguments, where a plan may call it in the
-    launcher's place: ``(launch, before, after, args_as_tuple)``, the launch called as
-    ``launch(grid_x, grid_y, grid_z, stream, function, *before, packed_metadata, launch_metadata,
-    enter_hook, exit_hook, *after, *arguments)`` (``run`` itself is called so with ``before`` and
-    ``after`` empty) (Triton 3.8: the arguments as one tuple). Only for
-    Triton's CUDA launcher of a release in :data:`NATIVE_LAUNCH_TRITON`, for a kernel without
-    scratch memory (whose ``__call__`` allocates nothing, passing None for it) and without
-    Triton 3.8's global sanitizer; else None, and the plan calls the launcher."""
+    launcher's place: ``(launch, between, after, args_as_tuple)``, the launch called as
+    ``launch(grid_x, grid_y, grid_z, stream, function, *between, packed_metadata, launch_metadata,
+    enter_hook, exit_hook, *after, *arguments)``, or with ``args_as_tuple`` (Triton 3.8) the
+    arguments as one tuple in their place (``run`` itself takes this call with ``between`` and
+    ``after`` empty). Only for Triton's CUDA launcher of a release in :data:`NATIVE_LAUNCH_TRITON`,
+    for a kernel without scratch memory (whose ``__call__`` allocates nothing, passing None for it)
+    and without Triton 3.8's global sanitizer; else None, and the plan calls the launcher."""
     if (
         TRITON_RELEASE not in NATIVE_LAUNCH_TRITON
         or type(launcher).__name__ != "CudaLauncher"

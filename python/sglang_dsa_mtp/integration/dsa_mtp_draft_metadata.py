@@ -33,7 +33,7 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
 )
-from sglang_dsa_mtp.kernels.ops.launch import warm_up
+from sglang_dsa_mtp.kernels.ops.launch import bind, warm_up
 from sglang_dsa_mtp.log import log_failure, log_once, logger
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
 
@@ -95,6 +95,12 @@ def why_not_one_launch(multi, bs: int | None = None) -> str | None:
     return _tables_mismatch([b.decode_cuda_graph_metadata[bs] for b in backends], backends)
 
 
+INPUTS = (
+    "seq_lens",
+    "req_pool_indices",
+)  # the one launch's per-replay inputs, in plan.call's order
+
+
 def draft_decode_metadata(original, self, forward_batch, in_capture=False):
     """AROUND ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``."""
     state = peek(self, MultiStepState)
@@ -138,7 +144,7 @@ def _other_path(state: MultiStepState) -> str:
 
 
 def _capture(multi, forward_batch) -> None:
-    """At the capture of a bs: decide its path, cache the one launch's arguments, compile its
+    """At the capture of a bs: decide its path, bind the one launch's arguments, compile its
     variant (outside stream capture); say what was decided."""
     bs = forward_batch.batch_size
     state = state_of(multi, MultiStepState)
@@ -149,6 +155,7 @@ def _capture(multi, forward_batch) -> None:
                 backend.decode_cuda_graph_metadata[bs] for backend in multi.attn_backends
             ]
             plan.launch = one_launch_kwargs(multi, plan.metadata, bs)
+            plan.call = bind(fused_dsa_draft_decode_metadata_multi, INPUTS, **plan.launch)
     except Exception as exc:  # never take the capture down: another path writes this bs
         plan = DraftDecodeBs(None)
         _give_up(multi, state, plan, bs, exc, "deciding its path")
@@ -290,11 +297,7 @@ def write_draft_decode_metadata(multi, forward_batch, plan: DraftDecodeBs) -> No
     first, m0 = backends[0], metas[0]
     for backend in backends:
         backend.set_dsa_prefill_impl(forward_batch=None)
-    fused_dsa_draft_decode_metadata_multi(
-        seq_lens=forward_batch.seq_lens,
-        req_pool_indices=forward_batch.req_pool_indices,
-        **plan.launch,
-    )
+    plan.call(forward_batch.seq_lens, forward_batch.req_pool_indices)
     if first.dsa_decode_impl == "flashmla_kv":
         flashmla = first._compute_flashmla_metadata(
             cache_seqlens=m0.dsa_cache_seqlens_int32[:bs], seq_len_q=1

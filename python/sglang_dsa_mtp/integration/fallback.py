@@ -12,12 +12,12 @@ one's first call at a batch size compiles. :meth:`Fallback.warm_up`, called at c
 captured batch size (``dsa_metadata_capture``), compiles both on twin buffers (``launch.warm_up``):
 neither our replay nor a replay that falls back compiles while serving.
 
-A backend attribute holds the fallback's bound ``__call__`` (:attr:`Fallback.installed`;
-:func:`fallback_of` finds the fallback again): Python calls a bound method through vectorcall, which
-gathers SGLang's keyword arguments into one dict, but an instance of a class with a ``__call__``
-through ``tp_call``, which gathers them twice (half a microsecond for the decode call's 13 keywords on
-CPython 3.11; from 16 keywords on, as target verify and draft extend pass, one dict costs about as
-much as two smaller ones).
+A backend attribute holds what :attr:`Fallback.installed` returns (:func:`fallback_of` finds the
+fallback again). SGLang passes every argument by keyword. Where ours is a wrapper with launch plans,
+the installed function has its signature (``LaunchPlans.planned``): Python binds SGLang's keywords
+straight to its parameters, no dict gathered, and it launches through the plan of the call's key,
+computed in its own frame; any other call (no plan yet, a ``bs`` that fell back, another ``ours``)
+goes to :meth:`Fallback.__call__` with the same arguments. Elsewhere it is the bound ``__call__``.
 
 This module imports no SGLang code, so that the host-time benchmark times what the server calls.
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sglang_dsa_mtp.kernels.ops.launch import keyword_call, warm_up
+from sglang_dsa_mtp.kernels.ops.launch import EVERY, MISSING, LaunchPlans, set_unless, warm_up
 from sglang_dsa_mtp.log import log_failure
 
 
@@ -36,11 +36,18 @@ class Fallback:
     ``failed`` holds the batch sizes that fell back; :meth:`fall_back` sends one there for good
     (when ours raises, at a replay or at its warm-up) and logs why, once."""
 
-    __slots__ = ("_ours", "_ours_by_keyword", "sglang", "what", "failed")
+    __slots__ = ("_ours", "sglang", "what", "failed", "_planned", "_installed", "__weakref__")
 
     def __init__(self, ours: Callable, sglang: Callable, *, what: str):
-        self.ours, self.sglang, self.what = ours, sglang, what
+        self.sglang, self.what = sglang, what
         self.failed: set = set()
+        plans = getattr(ours, "launch_plans", None)
+        self._planned, self._installed = ours, None
+        if isinstance(plans, LaunchPlans) and plans.wrapper is ours:
+            self._installed = plans.planned(self._on_miss, unless=self.failed)
+        if self._installed is not None:
+            self._installed.fallback = self
+        self.ours = ours
 
     @property
     def ours(self) -> Callable:
@@ -48,21 +55,30 @@ class Fallback:
 
     @ours.setter
     def ours(self, ours: Callable) -> None:
-        # SGLang calls by keyword: ``ours(**kwargs)`` as one call of the dict (launch.keyword_call)
-        self._ours, self._ours_by_keyword = ours, keyword_call(ours)
+        # The planned function stands in for the ours it was made for: another ours takes
+        # every call through __call__.
+        self._ours = ours
+        if self._installed is not None:
+            set_unless(self._installed, self.failed if ours is self._planned else EVERY)
 
     @property
     def installed(self) -> Callable:
-        """What a backend attribute holds in SGLang's kernel's place: the bound ``__call__``."""
-        return self.__call__
+        """What a backend attribute holds in SGLang's kernel's place: ours's planned function
+        where ours has launch plans, else the bound ``__call__``."""
+        return self.__call__ if self._installed is None else self._installed
+
+    def _on_miss(self, rest: dict, **arguments):
+        """The planned function's call that its plan did not take: by keyword, through
+        :meth:`__call__` (an argument SGLang did not pass left out)."""
+        kwargs = {name: v for name, v in arguments.items() if v is not MISSING}
+        kwargs.update(rest)
+        return self(**kwargs)
 
     def __call__(self, *args, **kwargs):
         bs = kwargs.get("bs")
         if bs not in self.failed:
             try:
-                if args:
-                    return self._ours(*args, **kwargs)
-                return self._ours_by_keyword(kwargs)
+                return self.ours(*args, **kwargs)
             except Exception as exc:  # never take the server down: SGLang's kernel takes over
                 self.fall_back(bs, exc)
         return self.sglang(*args, **kwargs)
@@ -104,5 +120,5 @@ class Fallback:
 
 def fallback_of(kernel) -> Fallback | None:
     """The :class:`Fallback` that ``kernel`` (a backend attribute) calls, else None."""
-    owner = getattr(kernel, "__self__", None)
+    owner = getattr(kernel, "fallback", None) or getattr(kernel, "__self__", None)
     return owner if isinstance(owner, Fallback) else None

@@ -337,25 +337,31 @@ class Calls:
             self._now = self._arm = None
 
 
-def spans(*, bs, seq_lens, max_len=None, max_seqlen_k=None, next_n=0, **_) -> bool:
+def spans(
+    *, bs, seq_lens, max_len=None, max_seqlen_k=None, next_n=0, destinations=None, **_
+) -> bool:
     """Whether a bounded launch of these keyword arguments (SGLang's, or the one launch's) has more
     live ``TILE_N``-column tiles than tile programs: then some program takes several tiles, of
     several requests where a request has at most one tile (the CPU's 128-token context). A request's
     tiles cover its KV length (``seq_lens``, + ``next_n`` in a target verify) rounded up to SGLang's
     128-column blocks, within the table's width; the programs are ``bounded_num_programs`` of the
-    device's default budget."""
+    device's default budget (the decode replay's from ``DECODE_MANY_REQUESTS`` requests)."""
+    from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
     from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
         TILE_N,
         bounded_num_programs,
     )
-    from sglang_dsa_mtp.kernels.ops.host import default_budget
+    from sglang_dsa_mtp.kernels.ops.host import PROGRAMS_PER_SM, default_budget
 
     width = max_len if max_len is not None else max_seqlen_k
     kv = seq_lens[:bs].to(torch.int64) + next_n
     block = slice_.SGLANG_BLOCK_N
     live_end = ((kv.clamp(min=0) + block - 1) // block * block).clamp(max=width)
     tiles = int(((live_end + TILE_N - 1) // TILE_N).sum())
-    return tiles > bounded_num_programs(bs, width, default_budget(seq_lens.device))
+    per_sm = PROGRAMS_PER_SM
+    if max_len is not None and destinations is None and bs >= bounded.DECODE_MANY_REQUESTS:
+        per_sm = bounded.DECODE_MANY_PROGRAMS_PER_SM
+    return tiles > bounded_num_programs(bs, width, default_budget(seq_lens.device, per_sm))
 
 
 class IndexerCalls:

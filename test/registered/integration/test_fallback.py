@@ -146,3 +146,24 @@ def test_what_a_backend_attribute_holds_is_the_fallbacks_call_and_leads_back_to_
     assert installed(bs=3, seq_lens="s") == ("sglang", {"bs": 3, "seq_lens": "s"})
     assert fallback_of(installed) is guarded and guarded.failed == {3}
     assert fallback_of(guarded.sglang) is None and fallback_of(None) is None
+
+
+@pytest.mark.parametrize("op", MODES)
+def test_the_installed_function_of_our_wrapper_hands_sglang_exactly_the_callers_arguments(op):
+    """Where ours has launch plans the backend attribute holds a function with its parameters
+    (every one defaulting to ``launch.MISSING``): a call it does not launch through a plan, here
+    one whose bs fell back and one ours raises for, reaches SGLang's kernel with the caller's
+    keywords only (none of ours, such as ``budget``), and ours stays replaceable."""
+    ours = {name: kernel for _, kernel, name in selection.KERNELS}[op]
+    sglang = []
+    guarded = Fallback(ours, lambda **kw: sglang.append(kw), what=op)
+    installed = guarded.installed
+    assert installed is not guarded.__call__ and fallback_of(installed) is guarded
+    installed(bs=3, seq_lens="not a tensor")  # ours raises: this bs falls back
+    installed(bs=3, seq_lens="s")  # a bs that fell back
+    assert sglang == [{"bs": 3, "seq_lens": "not a tensor"}, {"bs": 3, "seq_lens": "s"}]
+    assert guarded.failed == {3}
+    calls = []
+    guarded.ours = lambda **kw: calls.append(kw)  # replaced: every call through it
+    installed(bs=5, seq_lens="s")
+    assert calls == [{"bs": 5, "seq_lens": "s"}]

@@ -11,11 +11,13 @@ grid_z, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hoo
 C function behind that launcher's Python ``__call__`` (its ``launch``) with the arguments the
 ``__call__`` would give it, where the kernel needs no scratch memory (:func:`native_launch`). Other
 Tritons and the interpreter always take the JIT path, which :func:`launch_path` says in words
-(``python -m sglang_dsa_mtp`` and the plugin's start-up line). Buffers
-resized or re-pointed in place under a live plan are not supported. :func:`keyword_call` makes a
-wrapper's call from one dict of keyword arguments (SGLang's call, as the per-bs fallback holds it),
-through the plan without the wrapper's own frame. :func:`warm_up` compiles a call's variant on
-:func:`specialization_twin` buffers. Details: docs/switches.md, "Host time".
+(``python -m sglang_dsa_mtp`` and the plugin's start-up line). Buffers resized or re-pointed in
+place under a live plan are not supported. :meth:`LaunchPlans.planned` makes a function with the
+wrapper's parameters that launches through the plan of its key, the key computed from its
+parameters in its own frame (what the per-bs fallback installs for SGLang's keyword call);
+:func:`bind` a function of the inputs alone, its key computed once (the MTP one launch's replay).
+:func:`warm_up` compiles a call's variant on :func:`specialization_twin` buffers. Details:
+docs/switches.md, "Host time".
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import itertools
 import operator
 import typing
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 import triton
 
+MISSING = type("Missing", (), {"__repr__": lambda self: "MISSING"})()  # an argument not passed
 MAX_PLANS = 1024  # per kernel; past this many live plans, all are dropped and rebuilt on demand
 # The Triton releases whose compiled-kernel launcher takes the arguments above, (major, minor).
 DIRECT_LAUNCH_TRITON = ((3, 4), (3, 5), (3, 6), (3, 7), (3, 8))
@@ -89,6 +92,7 @@ class _Plan:
         "call",
         "before",
         "after",
+        "quiet",
         "args_as_tuple",
         "grid",
         "device",
@@ -131,14 +135,17 @@ class _Plan:
             and not enter.calls
             and type(exit_) is _HookChain
             and not exit_.calls
-        ):
-            metadata = enter = exit_ = None
-        else:
-            enter, exit_ = _live_hook(enter), _live_hook(exit_)
-            if enter is None and exit_ is None:  # nothing to call: the metadata would go unread
-                metadata = None
+        ):  # no hook: the launch's fixed arguments as made once
+            if self.args_as_tuple:
+                self.call(*self.grid, stream, *self.quiet, (*pointers, *self.rest))
             else:
-                metadata = self.compiled.launch_metadata(self.grid, stream, *pointers, *self.rest)
+                self.call(*self.grid, stream, *self.quiet, *pointers, *self.rest)
+            return True
+        enter, exit_ = _live_hook(enter), _live_hook(exit_)
+        if enter is None and exit_ is None:  # nothing to call: the metadata would go unread
+            metadata = None
+        else:
+            metadata = self.compiled.launch_metadata(self.grid, stream, *pointers, *self.rest)
         if self.args_as_tuple:  # Triton 3.8's C launch: the kernel's arguments as one tuple
             self.call(
                 *self.grid,
@@ -202,16 +209,14 @@ class LaunchPlans:
         self.prepare = prepare
         self.tunables = tunables
         self.driver = driver  # None: Triton's active driver, looked up when a plan is made
-        self._inputs = _tuple_getter(list(kernel.arg_names[:num_inputs]))
-        self._keyed = None if wrapper is None else _keyed_parameters(wrapper, kernel, num_inputs)
+        self.input_names = tuple(kernel.arg_names[:num_inputs])
+        self._inputs = _tuple_getter(list(self.input_names))
         self._plans: dict[tuple, _Plan] = {}
+        self._keyed = None
         if wrapper is not None:
-            parameters = _parameters(wrapper)
-            self._defaults = tuple(
-                (name, p.default) for name, p in parameters.items() if p.default is not p.empty
-            )
-            self._arity = len(parameters)
-            wrapper.launch_plans = self  # :func:`keyword_call` finds the plans of the wrapper
+            self._keyed = _keyed_parameters(wrapper, kernel, num_inputs)
+            self._key = _compile(f"lambda a: {self.key_source(_by_name)}", self._namespace())
+            wrapper.launch_plans = self  # the per-bs fallback finds the plans of the wrapper
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -240,35 +245,91 @@ class LaunchPlans:
             return False
         return plan is not None and plan.launch(inputs)
 
-    def call_keywords(self, kwargs: dict[str, Any]) -> None:
-        """``wrapper(**kwargs)``, without the wrapper's frame where a plan takes the call: the
-        wrapper's body is ``plans(locals())``, and ``kwargs`` with the wrapper's defaults is its
-        ``locals()`` when it names every parameter once (the key and the inputs read every one);
-        anything else calls the wrapper (its binding's errors, its checks)."""
-        arguments = kwargs.copy()  # (a copy: the caller's dict is the caller's)
-        for name, default in self._defaults:
-            arguments.setdefault(name, default)
-        if len(arguments) != self._arity or not self.launch_planned(arguments):
-            self.wrapper(**kwargs)
-
     def key(self, arguments: Mapping[str, Any]) -> tuple:
         """The plan key of one call of the wrapper, from its arguments by name: every argument but
         the per-call inputs, a tensor (hinted ``torch.Tensor`` or ``Optional[torch.Tensor]``) by
         its identity, a scalar (``int``, ``bool``, ...) by value, a sequence of tuples of tensors
         (``Sequence[...]``) by the identity of each tensor, with one entry per item (its length);
-        then the tunables. The one place a key is made: no argument a launch depends on can be
-        left out of it."""
+        then the tunables. Made by :meth:`key_source`, as every key is."""
         if self._keyed is None:
             raise TypeError("these launch plans were made without a wrapper: they make no keys")
+        return self._key(arguments)
+
+    def key_source(self, ref: Callable[[str], str]) -> str:
+        """The one place a key is made (no argument a launch depends on can be left out of it):
+        the key as a Python tuple expression, each of the wrapper's arguments written as
+        ``ref(name)``, evaluated in :meth:`_namespace`."""
         by_value, by_identity, nested = self._keyed
-        if nested is None:
-            return (*by_value(arguments), *map(id, by_identity(arguments)), *self.tunables())
-        return (
-            *by_value(arguments),
-            *map(id, by_identity(arguments)),
-            *map(_sequence_key, nested(arguments)),
-            *self.tunables(),
-        )
+        parts = [ref(name) for name in by_value]
+        parts += [f"_id({ref(name)})" for name in by_identity]
+        parts += [f"_sequence_key({ref(name)})" for name in nested]
+        return f"({', '.join([*parts, '*_tunables()'])},)"
+
+    def _namespace(self) -> dict:
+        return dict(_id=id, _sequence_key=_sequence_key, _tunables=self.tunables)
+
+    def planned(self, on_miss: Callable[..., Any], *, unless: Container = ()) -> Callable | None:
+        """A function with the wrapper's parameters (and ``**rest``) that launches a call through
+        the plan of its key, the key and the inputs read from its own parameters (no dict, no
+        second frame), and otherwise returns ``on_miss(rest, **arguments)``: no plan for the key,
+        inputs the plan does not take, keywords the wrapper does not have, a ``bs`` in ``unless``,
+        or anything raised on the way (``on_miss`` makes the call again, and meets it again).
+        Every parameter defaults to :data:`MISSING`, which ``on_miss`` receives for an argument
+        not passed (the key takes the wrapper's default for it). None where the wrapper's body is
+        not ``plans(locals())``, which the function stands in for."""
+        if not _body_calls(self.wrapper, self):
+            return None
+        parameters = _parameters(self.wrapper)
+        if "bs" not in parameters:
+            raise ValueError(f"{self.wrapper.__name__} has no bs parameter for unless")
+        defaults = {name: p.default for name, p in parameters.items() if p.default is not p.empty}
+
+        def ref(name: str) -> str:  # an argument left out keys as the wrapper's default
+            if name in defaults:
+                return f"(_default_{name} if {name} is _MISSING else {name})"
+            return name
+
+        signature = ", ".join(f"{name}=_MISSING" for name in parameters)
+        arguments = ", ".join(f"{name}={name}" for name in parameters)
+        inputs = ", ".join(self.input_names)
+        source = f"""def {self.wrapper.__name__}({signature}, **rest):
+    if not rest and bs not in _unless:
+        try:
+            _plan = _owner._plans.get({self.key_source(ref)})
+            if _plan is not None and _plan.launch(({inputs},)):
+                return None
+        except Exception:
+            pass  # on_miss makes the same call and meets what was raised
+    return _on_miss(rest, {arguments})
+"""
+        namespace = self._namespace()
+        namespace.update(_owner=self, _unless=unless, _on_miss=on_miss, _MISSING=MISSING)
+        namespace.update({f"_default_{name}": value for name, value in defaults.items()})
+        exec(compile(source, f"<planned {self.wrapper.__name__}>", "exec"), namespace)
+        function = namespace[self.wrapper.__name__]
+        function.__doc__ = self.wrapper.__doc__
+        function.launch_plans = self
+        return function
+
+    def bind(self, **fixed) -> Callable[..., None]:
+        """The wrapper's call with ``fixed`` (every argument but the inputs) as a function of the
+        inputs, by position: through the plan of the key those arguments make (computed once: the
+        bound function holds them, so their identities stay theirs), else the wrapper's call."""
+        wrapper, tunables = self.wrapper, self.tunables
+        names = self.input_names
+        arguments = dict(fixed)
+        for name, p in _parameters(wrapper).items():
+            if name not in names and name not in arguments and p.default is not p.empty:
+                arguments[name] = p.default
+        head = self.key(arguments)[: -len(tunables())] if tunables() else self.key(arguments)
+
+        def bound(*inputs) -> None:
+            plan = self._plans.get((*head, *tunables()))
+            if plan is None or not plan.launch(inputs):
+                wrapper(**dict(zip(names, inputs)), **fixed)
+
+        bound.fixed = fixed
+        return bound
 
     def launch(self, key: tuple, launch: Launch) -> None:
         """Launch through Triton's JIT, ``kernel[grid](**arguments, **options)``, then keep a plan
@@ -287,6 +348,7 @@ class LaunchPlans:
         native = native_launch(compiled.run)
         plan.call, between, plan.after, plan.args_as_tuple = native or (compiled.run, (), (), False)
         plan.before = (compiled.function, *between, compiled.packed_metadata)
+        plan.quiet = (*plan.before, None, None, None, *plan.after)  # no metadata, no hooks
         plan.grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
         active = self.driver or triton.runtime.driver.active
         plan.get_device = _current_device_getter(active)
@@ -362,9 +424,9 @@ def _parameters(wrapper) -> Mapping[str, inspect.Parameter]:
     return parameters
 
 
-def _keyed_parameters(wrapper, kernel, num_inputs: int):
-    """Getters of ``wrapper``'s parameters but the kernel's inputs, split by their type hints:
-    (scalars, tensors, sequences), each returning a tuple; no sequences: None in their place."""
+def _keyed_parameters(wrapper, kernel, num_inputs: int) -> tuple[list, list, list]:
+    """The names of ``wrapper``'s parameters but the kernel's inputs, split by their type hints:
+    (scalars, tensors, sequences)."""
     inputs = kernel.arg_names[:num_inputs]
     hints = typing.get_type_hints(wrapper)
     names = list(_parameters(wrapper))
@@ -383,30 +445,58 @@ def _keyed_parameters(wrapper, kernel, num_inputs: int):
             groups[0].append(name)
         else:
             groups[2].append(name)
-    scalars, tensors, sequences = groups
-    nested = _tuple_getter(sequences) if sequences else None
-    return _tuple_getter(scalars), _tuple_getter(tensors), nested
+    return groups
 
 
-def keyword_call(function: Callable) -> Callable[[dict[str, Any]], Any]:
-    """``function(**kwargs)`` as a call of ``kwargs``: for a wrapper with launch plans its plans'
-    :meth:`LaunchPlans.call_keywords` (the same call, without the wrapper's frame where a plan
-    takes it), else a plain call of ``function``."""
+def bind(function: Callable, inputs: Sequence[str], **fixed) -> Callable[..., None]:
+    """``function(**fixed)`` with the ``inputs`` (names) passed at each call, by position: for a
+    wrapper with launch plans whose inputs those are, :meth:`LaunchPlans.bind` (its key computed
+    once), else a plain call of ``function`` by keyword."""
     plans = getattr(function, "launch_plans", None)
     if (
         isinstance(plans, LaunchPlans)
         and plans.wrapper is function
         and _body_calls(function, plans)
+        and tuple(inputs) == plans.input_names
     ):
-        return plans.call_keywords
-    return lambda kwargs: function(**kwargs)
+        return plans.bind(**fixed)
+    names = tuple(inputs)
+
+    def call(*values) -> None:
+        function(**dict(zip(names, values)), **fixed)
+
+    return call
+
+
+class _Every:
+    """A container of everything: a planned function given it as ``unless`` takes no plan."""
+
+    def __contains__(self, item) -> bool:
+        return True
+
+
+EVERY = _Every()
+
+
+def set_unless(planned, unless: Container) -> None:
+    """What a :meth:`LaunchPlans.planned` function sends to its ``on_miss`` from now on: the calls
+    whose ``bs`` is in ``unless`` (:data:`EVERY`: every call)."""
+    planned.__globals__["_unless"] = unless
 
 
 def _body_calls(wrapper, plans: LaunchPlans) -> bool:
     """Whether ``wrapper``'s body is ``plans(locals())`` and nothing else (the names it reads are
-    the plans' and ``locals``): what :meth:`LaunchPlans.call_keywords` stands in for."""
+    the plans' and ``locals``): what :meth:`LaunchPlans.planned` stands in for."""
     names = wrapper.__code__.co_names
     return len(names) == 2 and names[1] == "locals" and wrapper.__globals__.get(names[0]) is plans
+
+
+def _by_name(name: str) -> str:
+    return f"a[{name!r}]"
+
+
+def _compile(source: str, namespace: dict):
+    return eval(compile(source, "<launch plan key>", "eval"), namespace)
 
 
 def _tuple_getter(names: list[str]) -> Callable[[Mapping[str, Any]], tuple]:

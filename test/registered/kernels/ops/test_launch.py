@@ -7,6 +7,7 @@ tests run every call twice, the second through the plan, against SGLang's kernel
 """
 
 import gc
+import inspect
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Optional
@@ -450,81 +451,142 @@ def test_a_plan_asks_torch_for_the_current_device_without_its_lazy_init_check():
 
 
 # ------------------------------------------------------------------------------------------------
-# A call by keyword (``keyword_call``): the wrapper's call, through its plan without its frame
+# The planned function (``LaunchPlans.planned``) and the bound call (``launch.bind``)
 # ------------------------------------------------------------------------------------------------
 
-_KEYWORD_PLANS = None  # the plans of planned_wrapper (fixture keyword_plans)
+_PLANNED = None  # the plans of planned_wrapper (fixture planned)
+TUNED = {"tile": 1}  # the plans' tunable (as module constants are read: at every call)
 
 
 def planned_wrapper(
-    seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, out: torch.Tensor, n: int = 3
+    seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, out: torch.Tensor, bs: int = 3
 ):
     """A wrapper as ours are written: its body is its plans' call of its locals()."""
-    _KEYWORD_PLANS(locals())
+    _PLANNED(locals())
 
 
 @pytest.fixture
-def keyword_plans(monkeypatch):
-    prepared = []
+def planned(monkeypatch):
+    """(the plans of planned_wrapper, its kernel, the bs each check saw, the misses of a planned
+    function, that function: its misses call the wrapper; a bs of 7 is sent to them)."""
+    prepared, misses = [], []
     kernel = FakeKernel()
 
     def prepare(a):
-        prepared.append(a["n"])
-        return make_plans(kernel).prepare(a)
+        prepared.append(a["bs"])
+        return make_plans(kernel).prepare({**a, "n": a["bs"]})
 
-    plans = LaunchPlans(kernel, num_inputs=2, wrapper=planned_wrapper, prepare=prepare)
-    plans.driver = DRIVER
-    monkeypatch.setitem(globals(), "_KEYWORD_PLANS", plans)
-    return plans, kernel, prepared
+    plans = LaunchPlans(
+        kernel,
+        num_inputs=2,
+        wrapper=planned_wrapper,
+        prepare=prepare,
+        tunables=lambda: (TUNED["tile"],),
+        driver=DRIVER,
+    )
+    monkeypatch.setitem(globals(), "_PLANNED", plans)
+
+    def on_miss(rest, **arguments):
+        misses.append((rest, arguments))
+        given = {k: v for k, v in arguments.items() if v is not launch.MISSING}
+        return planned_wrapper(**given, **rest)
+
+    return plans, kernel, prepared, misses, plans.planned(on_miss, unless={7})
 
 
-def test_a_call_by_keyword_launches_as_the_wrapper_with_its_defaults(inputs, keyword_plans):
-    plans, kernel, prepared = keyword_plans
-    by_keyword = launch.keyword_call(planned_wrapper)
-    assert by_keyword == plans.call_keywords
+def test_a_planned_function_launches_through_the_plan_of_its_parameters_key(inputs, planned):
+    plans, kernel, prepared, misses, function = planned
     out = torch.zeros(4, dtype=torch.int32)
     kwargs = dict(seq_lens=inputs[0], req_pool_indices=inputs[1], out=out)
-    by_keyword(kwargs)  # no plan yet: the wrapper, its checks and the JIT
-    by_keyword(kwargs)  # through the plan
+    function(**kwargs)  # no plan yet: on_miss, the wrapper, its checks and the JIT
+    function(**kwargs)  # through the plan
+    function(inputs[0], inputs[1], out)  # by position: the same key
     planned_wrapper(**kwargs)  # the wrapper finds the same plan
-    by_keyword({**kwargs, "n": 5})  # another n: another key, checked
-    assert prepared == [3, 5] and len(plans) == 2
-    assert [launched[0] for launched in kernel.compiled.launches] == [4, 4]
-    assert kwargs == dict(seq_lens=inputs[0], req_pool_indices=inputs[1], out=out)
+    function(**kwargs, bs=5)  # another bs: another key, checked
+    assert prepared == [3, 5] and len(plans) == 2 and len(misses) == 2
+    assert [launched[0] for launched in kernel.compiled.launches] == [4, 4, 4]
+    assert function.launch_plans is plans and function.__doc__ == planned_wrapper.__doc__
+    parameters = list(inspect.signature(function).parameters)
+    assert parameters == ["seq_lens", "req_pool_indices", "out", "bs", "rest"]
 
 
 @pytest.mark.parametrize(
-    "change, error",
+    "change",
     [
-        (lambda kw: kw.pop("out"), "missing 1 required positional argument: 'out'"),
-        (lambda kw: kw.update(m=1), "unexpected keyword argument 'm'"),
-        (lambda kw: (kw.pop("out"), kw.update(m=1)), "unexpected keyword argument 'm'"),
+        lambda kw: kw.update(m=1),  # a keyword the wrapper does not have
+        lambda kw: kw.update(bs=7),  # a bs in unless
+        lambda kw: kw.pop("out"),  # a required argument left out: MISSING
+        lambda kw: kw.update(seq_lens="not a tensor"),  # inputs the plan does not take
+        lambda kw: kw.update(out=torch.zeros(4)),  # another buffer: another key
     ],
-    ids=["missing", "unknown", "unknown-for-missing"],
+    ids=["unknown-keyword", "unless", "missing", "not-a-tensor", "other-buffer"],
 )
-def test_a_call_by_keyword_the_wrapper_would_not_bind_gets_its_error(
-    inputs, keyword_plans, change, error
-):
-    plans, kernel, _ = keyword_plans
+def test_a_call_no_plan_takes_goes_to_on_miss_with_its_arguments(inputs, planned, change):
+    plans, kernel, _, misses, function = planned
     out = torch.zeros(4, dtype=torch.int32)
     kwargs = dict(seq_lens=inputs[0], req_pool_indices=inputs[1], out=out)
-    plans.call_keywords(kwargs)
+    function(**kwargs)  # keeps the plan
+    misses.clear()
     change(kwargs)
-    with pytest.raises(TypeError, match=error):
-        plans.call_keywords(kwargs)
+    try:
+        function(**kwargs)
+    except (TypeError, KeyError):
+        pass  # the wrapper's binding or checks, from on_miss
+    ((rest, arguments),) = misses
+    assert rest == ({"m": 1} if "m" in kwargs else {})
+    for name in ("seq_lens", "req_pool_indices", "out"):
+        assert arguments[name] is kwargs.get(name, launch.MISSING), name
     assert kernel.compiled.launches == []
 
 
-def test_a_call_by_keyword_of_another_function_is_a_plain_call(keyword_plans):
-    """Only a wrapper whose body is its plans' call of locals() is stood in for."""
+def test_a_planned_function_meeting_an_error_goes_to_on_miss(inputs, planned):
+    plans, kernel, _, misses, function = planned
+    out = torch.zeros(4, dtype=torch.int32)
+    function(inputs[0], inputs[1], out)
+    (plan,) = plans._plans.values()
+    plan.call = None  # the launch raises TypeError
+    misses.clear()
+    with pytest.raises(TypeError):
+        function(inputs[0], inputs[1], out)  # on_miss meets the same error
+    assert len(misses) == 1
+
+
+def test_set_unless_every_sends_every_call_to_on_miss(inputs, planned):
+    plans, kernel, _, misses, function = planned
+    out = torch.zeros(4, dtype=torch.int32)
+    function(inputs[0], inputs[1], out)
+    launch.set_unless(function, launch.EVERY)
+    function(inputs[0], inputs[1], out)
+    launch.set_unless(function, ())
+    function(inputs[0], inputs[1], out)
+    assert len(misses) == 2 and len(kernel.compiled.launches) == 2  # the wrapper's, the plan's
+
+
+def test_only_a_wrapper_whose_body_is_its_plans_call_gets_a_planned_function():
+    plans = make_plans(FakeKernel())  # plans of wrapper, whose body is its docstring
+    assert plans.planned(lambda rest, **a: None) is None
+
+
+def test_a_bound_call_launches_through_the_plan_of_its_fixed_arguments(
+    inputs, planned, monkeypatch
+):
+    plans, kernel, prepared, _, _ = planned
+    out = torch.zeros(4, dtype=torch.int32)
+    bound = launch.bind(planned_wrapper, ("seq_lens", "req_pool_indices"), out=out)
+    bound(*inputs)  # no plan: the wrapper's call, checked, JIT
+    bound(*inputs)  # the plan
+    planned_wrapper(inputs[0], inputs[1], out)  # the same key
+    assert prepared == [3] and len(kernel.compiled.launches) == 2
+    monkeypatch.setitem(TUNED, "tile", 2)  # read at every call: another key
+    bound(*inputs)
+    assert prepared == [3, 3]
+
+
+def test_binding_another_function_is_a_plain_call_by_keyword():
     calls = []
 
     def other(**kwargs):
         calls.append(kwargs)
 
-    other.launch_plans = keyword_plans[0]
-    by_keyword = launch.keyword_call(other)
-    by_keyword({"a": 1})
-    assert calls == [{"a": 1}] and by_keyword != keyword_plans[0].call_keywords
-    make_plans(FakeKernel())  # plans of wrapper, whose body is its docstring
-    assert launch.keyword_call(wrapper) != wrapper.launch_plans.call_keywords
+    launch.bind(other, ("a", "b"), c=3)(1, 2)
+    assert calls == [{"a": 1, "b": 2, "c": 3}]

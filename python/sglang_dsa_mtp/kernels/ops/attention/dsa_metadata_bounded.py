@@ -36,8 +36,14 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
     tuning,
     zero_cumsum_heads,
 )
-from sglang_dsa_mtp.kernels.ops.host import next_power_of_2
+from sglang_dsa_mtp.kernels.ops.host import PROGRAMS_PER_SM, next_power_of_2
 from sglang_dsa_mtp.kernels.ops.launch import Launch, LaunchPlans
+
+# Defaults that depend on the batch size (never on the live lengths; the budget exploration in
+# docs/results.md): the decode replay of 16 requests or more takes 8 programs per SM without a
+# budget, draft extend of 32 requests or more 8 warps. The MTP one launch keeps 4 programs per SM.
+DECODE_MANY_REQUESTS, DECODE_MANY_PROGRAMS_PER_SM = 16, 8
+DRAFT_EXTEND_MANY_REQUESTS, DRAFT_EXTEND_MANY_WARPS = 32, 8
 
 # ----------------------------------------------------------------------------------------------
 # Decode
@@ -157,7 +163,8 @@ def fused_dsa_decode_metadata_bounded(
 
     ``budget``: the most page-table programs one launch may use (at least 1; the batch's live
     tiles are shared among them, whatever the number of requests); None uses
-    :func:`default_budget`. ``page_table_1=None`` is allowed when
+    :func:`default_budget`, with :data:`DECODE_MANY_PROGRAMS_PER_SM` per SM from
+    :data:`DECODE_MANY_REQUESTS` requests. ``page_table_1=None`` is allowed when
     ``physical_page_size > 1`` (only ``real_page_table`` is written); with page size 1
     ``real_page_table`` is ``page_table_1``.
     """
@@ -185,18 +192,26 @@ def _decode_launch(a: Mapping[str, Any]) -> Optional[Launch]:
         a["physical_page_size"],
         a["req_to_token"].device,
     )
-    return decode_launch(a, width, [a], [tables])
+    many = bs >= DECODE_MANY_REQUESTS
+    programs_per_sm = DECODE_MANY_PROGRAMS_PER_SM if many else PROGRAMS_PER_SM
+    return decode_launch(a, width, [a], [tables], programs_per_sm=programs_per_sm)
 
 
 def decode_launch(
-    a: Mapping[str, Any], width: int, destinations: Sequence, tables: Sequence[tuple]
+    a: Mapping[str, Any],
+    width: int,
+    destinations: Sequence,
+    tables: Sequence[tuple],
+    programs_per_sm: int = PROGRAMS_PER_SM,
 ) -> Launch:
     """The decode kernel's launch into every one of ``destinations`` (checked: mappings of the
-    length vectors by name), with each one's :func:`page_tables` in ``tables``."""
+    length vectors by name), with each one's :func:`page_tables` in ``tables``; without a
+    ``budget``, ``programs_per_sm`` make it."""
     return bounded_launch(
         a,
         width,
         (*(tuple(t[i] for t in tables) for i in (0, 1)), *tables[0][2:]),
+        programs_per_sm=programs_per_sm,
         **{name: tuple(dest[name] for dest in destinations) for name in LENGTH_VECTORS},
     )
 
@@ -613,10 +628,12 @@ def _draft_extend_launch(a: Mapping[str, Any]) -> Optional[Launch]:
         a["physical_page_size"],
         a["req_to_token"].device,
     )
+    many = bs >= DRAFT_EXTEND_MANY_REQUESTS
     return bounded_launch(
         a,
         width,
         tables,
+        num_warps=DRAFT_EXTEND_MANY_WARPS if many else None,
         extend_seq_lens=a["extend_seq_lens"],
         **{name: a[name] for name in EXPANDED_OUTPUTS},
         extend_seq_lens_stride=a["extend_seq_lens"].stride(0),

@@ -20,7 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_dsa_mtp.kernels.ops.host import cdiv, default_budget, next_power_of_2
+from sglang_dsa_mtp.kernels.ops.host import (
+    PROGRAMS_PER_SM,
+    cdiv,
+    default_budget,
+    next_power_of_2,
+)
 from sglang_dsa_mtp.kernels.ops.launch import Launch
 
 BLOCK_N = 128  # SGLang's column block: the write region is whole blocks of this many columns
@@ -432,16 +437,23 @@ def zero_cumsum_heads(*cumsums: torch.Tensor) -> None:
 
 
 def bounded_launch(
-    arguments: Mapping[str, Any], width: int, tables: tuple, **kernel_arguments
+    arguments: Mapping[str, Any],
+    width: int,
+    tables: tuple,
+    *,
+    programs_per_sm: int = PROGRAMS_PER_SM,
+    num_warps: int | None = None,
+    **kernel_arguments,
 ) -> Launch:
     """The launch of a bounded kernel for a wrapper's checked ``arguments`` (by name): ``1 +``
     :func:`bounded_num_programs` programs, the parameters every bounded kernel takes, then
     ``kernel_arguments``. ``tables``: what :func:`page_tables` returned, or its two tables as
-    tuples of every destination's (the strides are the first one's)."""
+    tuples of every destination's (the strides are the first one's). Without a ``budget`` argument,
+    ``programs_per_sm`` make it (:func:`default_budget`); ``num_warps`` None: :data:`NUM_WARPS`."""
     page_table_1, real_page_table, has_pt1, has_real = tables
     seq_lens, req_to_token, bs = arguments["seq_lens"], arguments["req_to_token"], arguments["bs"]
     budget = arguments["budget"]
-    budget = default_budget(seq_lens.device) if budget is None else budget
+    budget = default_budget(seq_lens.device, programs_per_sm) if budget is None else budget
     num_programs = bounded_num_programs(bs, width, budget)
     table = page_table_1[0] if isinstance(page_table_1, tuple) else page_table_1
     real = real_page_table[0] if isinstance(real_page_table, tuple) else real_page_table
@@ -475,5 +487,5 @@ def bounded_launch(
             **kernel_arguments,
         ),
         input_len=bs,
-        options=dict(num_warps=NUM_WARPS),
+        options=dict(num_warps=NUM_WARPS if num_warps is None else num_warps),
     )

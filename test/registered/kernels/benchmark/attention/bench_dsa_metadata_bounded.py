@@ -30,7 +30,8 @@ rounds), each arm called as the server calls it, on the same buffers at every ca
   backend, one ``torch._foreach_copy_`` standing in for SGLang's JIT copy kernel (not on a machine
   running from SGLang's files); ``sglang precompute`` is the precompute alone, a floor for SGLang's
   arm whatever its copy costs; ``ours`` is the one launch as the plugin's replay calls it, every
-  argument but the two inputs built once (the plugin builds them at the capture of the bs).
+  argument but the two inputs bound once (``launch.bind``, as the plugin binds them at the capture
+  of the bs).
 
     python .../bench_dsa_metadata_bounded.py --host --live 1024 --bs 1,4,16 \
         --ops decode,verify,draft_extend,draft_decode
@@ -39,7 +40,9 @@ rounds), each arm called as the server calls it, on the same buffers at every ca
         --ops decode,verify,draft_extend,draft_decode
 
 The host floor, one PyTorch kernel launch from Python (a one-element ``add_``), is timed in the same
-run as the arms: ``host_floor_us`` in the ``--json`` record, ``ours / one launch`` in the table.
+run as the arms, once before the table (``host_floor_us`` of the ``--json`` record) and at every
+point as one more arm, in turn with the others in every round (the point's ``host_floor_us``, the
+table's ``one launch``, which ``ours / one launch`` divides by).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     fused_dsa_draft_decode_metadata_multi,
 )
 from sglang_dsa_mtp.kernels.ops.host import default_budget
+from sglang_dsa_mtp.kernels.ops.launch import bind
 from sglang_dsa_mtp.testing.bench_cli import (
     add_mixed_argument,
     add_timing_arguments,
@@ -98,6 +102,7 @@ from sglang_dsa_mtp.testing.timing import (
 WIDTH = WIDTH_1M  # cdiv(WIDTH, 128) = 8193 column blocks
 PAGE = 64
 NEXT_N = 5
+FLOOR_ARM = "one torch launch"  # the host floor, timed as one more arm at every point
 OP_NAMES = {
     "decode": "decode",
     "verify": "target verify",
@@ -149,22 +154,18 @@ def host_calls(op, case, out, steps: int) -> dict:
         scratch = stock_scratch(case)
         kernel_for("decode", "sglang")(**case.kwargs(scratch))
 
-    # The plugin's replay: the arguments but the inputs built once, at the capture of the bs.
+    # The plugin's replay: the arguments but the inputs bound once, at the capture of the bs.
     fixed = {
         name: value
         for name, value in draft_decode_multi_kwargs(case, outs).items()
         if name not in ("seq_lens", "req_pool_indices")
     }
 
-    def one_launch(seq_lens=case.seq_lens, req_pool_indices=case.req_pool_indices):
-        fused_dsa_draft_decode_metadata_multi(
-            seq_lens=seq_lens, req_pool_indices=req_pool_indices, **fixed
-        )
-
+    bound = bind(fused_dsa_draft_decode_metadata_multi, ("seq_lens", "req_pool_indices"), **fixed)
     return {
         "sglang": functools.partial(run_stock_draft_decode, case, outs, foreach=True),
         "sglang precompute": precompute,
-        "ours": one_launch,
+        "ours": functools.partial(bound, case.seq_lens, case.req_pool_indices),
     }
 
 
@@ -308,8 +309,11 @@ def main(argv=None) -> int:
         )
         out = case.outputs()
         row = {}
-        if args.host:  # every arm, arguments bound beforehand, timed in turn
-            row = time_host(host_calls(op, case, out, args.steps))
+        if args.host:  # every arm and the host floor, arguments bound beforehand, timed in turn
+            one = torch.zeros(1, device=device)
+            arms = {**host_calls(op, case, out, args.steps), FLOOR_ARM: lambda: one.add_(1)}
+            row = time_host(arms)
+            row["host_floor_us"] = row.pop(FLOOR_ARM)
         for arm in [] if args.host else arms:
             if arm != "bounded":
                 row[arm] = time_arm(case, arm, out, args)
@@ -323,8 +327,9 @@ def main(argv=None) -> int:
         cells += [f"{row[c]:.1f}" if c in row else "-" for c in columns]
         if args.host:
             over = min(ours) - row["sglang"] if ours and "sglang" in row else None
-            cells += [f"{over:+.1f}" if over is not None else "-", f"{floor_host:.1f}"]
-            cells += [f"{min(ours) / floor_host:.2f}" if ours else "-"]
+            point_floor = row["host_floor_us"]
+            cells += [f"{over:+.1f}" if over is not None else "-", f"{point_floor:.1f}"]
+            cells += [f"{min(ours) / point_floor:.2f}" if ours else "-"]
         else:
             sglang = [row[a] for a in ("sglang", "sglang_kpool") if a in row]
             fastest = fastest_verdict(min(ours), sglang) if ours and sglang else "-"

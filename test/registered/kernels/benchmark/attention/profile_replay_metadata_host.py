@@ -1,18 +1,15 @@
 """Where the host microseconds of a replay-metadata call go: each part of our call timed alone.
 
 For each op (decode, target verify, draft extend, the MTP one launch into ``--steps`` step backends)
-at each batch size, on SGLang's graph buffers of that batch size, called as the server calls it
-(SGLang's keyword arguments, each one written in the call as SGLang's replay writes it, at what the
-selection hook installs: ``Fallback.installed``): the whole call behind the per-bs fallback, then its
-parts, each timed alone in a loop (the best of ``--rounds`` rounds of ``--calls`` calls,
-microseconds per call):
+at each batch size, on SGLang's graph buffers of that batch size, called as the server calls it (the
+three ops: SGLang's keyword arguments, each one written in the call as SGLang's replay writes it, at
+what the selection hook installs, ``Fallback.installed``; the MTP one launch: the function its
+capture binds, ``launch.bind``, called with the two inputs): the whole call, then its parts, each
+timed alone in a loop (the best of ``--rounds`` rounds of ``--calls`` calls, microseconds per call):
 
-* ``fallback``: ``integration.fallback.Fallback`` around a function that does nothing, called the same
-  way;
-* ``wrapper``: our wrapper called directly (the keyword binding, its ``locals()``, everything below);
-* ``by keyword``: ``LaunchPlans.call_keywords`` of the call's keyword dict, what the fallback calls
-  in the wrapper's place (the wrapper's defaults added, everything below);
-* ``key``: ``LaunchPlans.key`` of the call's arguments;
+* ``wrapper``: our wrapper called directly (the keyword binding, its ``locals()``, its plans' call);
+* ``key``: ``LaunchPlans.key`` of the call's arguments by name (the installed function computes the
+  same key from its parameters);
 * ``lookup``: the plan's dict lookup by that key;
 * ``plan launch``: ``_Plan.launch`` (the inputs' checks, the arguments packed, the launcher called);
 * ``launcher``: what the plan calls to launch, alone, with the packed arguments: on Triton 3.6 and 3.8
@@ -29,6 +26,7 @@ launcher that does nothing (``testing.launch_stubs``): the Python of our call, w
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import time
 
@@ -42,6 +40,7 @@ from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     fused_dsa_draft_decode_metadata_multi,
 )
+from sglang_dsa_mtp.kernels.ops.launch import bind
 from sglang_dsa_mtp.testing.bench_cli import markdown_header, markdown_row, parse_list
 from sglang_dsa_mtp.testing.constants import SMALL_WIDTH, WIDTH_1M
 from sglang_dsa_mtp.testing.launch_stubs import ALL_PLANS, Patches, planned_on_cpu
@@ -49,7 +48,7 @@ from sglang_dsa_mtp.testing.metadata_cases import CapturedBuffers, kernel_for, o
 from sglang_dsa_mtp.testing.timing import written_call
 
 OPS = ("decode", "verify", "draft_extend", "mtp")
-PARTS = ("by keyword", "key", "lookup", "plan launch", "launcher", "Triton's launcher")
+PARTS = ("key", "lookup", "plan launch", "launcher", "Triton's launcher")
 
 
 def best_us(fn, calls: int, rounds: int) -> float:
@@ -87,8 +86,12 @@ def profile(op, plans, kwargs, calls: int, rounds: int) -> dict:
     inputs = plans._inputs(arguments)
     args = (*map(torch.Tensor.data_ptr, inputs), *plan.rest)
     stream = plan.get_stream(plan.device)
-    served = Fallback(ours, ours, what=op).installed
-    nothing = Fallback(_nothing, _nothing, what=op).installed
+    if op == "mtp":
+        fixed = {name: v for name, v in kwargs.items() if name not in plans.input_names}
+        bound = bind(ours, plans.input_names, **fixed)
+        call = functools.partial(bound, *(kwargs[name] for name in plans.input_names))
+    else:
+        call = written_call(Fallback(ours, ours, what=op).installed, kwargs)
 
     def launcher():
         if plan.args_as_tuple:
@@ -103,10 +106,8 @@ def profile(op, plans, kwargs, calls: int, rounds: int) -> dict:
         )
 
     parts = {
-        "call": written_call(served, kwargs),
-        "fallback": written_call(nothing, kwargs),
+        "call": call,
         "wrapper": lambda: ours(**kwargs),
-        "by keyword": lambda: plans.call_keywords(kwargs),
         "key": lambda: plans.key(arguments),
         "lookup": lambda: plans._plans.get(key),
         "plan launch": lambda: plan.launch(inputs),
@@ -114,10 +115,6 @@ def profile(op, plans, kwargs, calls: int, rounds: int) -> dict:
         "Triton's launcher": triton_launcher,
     }
     return {name: best_us(fn, calls, rounds) for name, fn in parts.items()}
-
-
-def _nothing(**kwargs) -> None:
-    pass
 
 
 def main(argv=None) -> int:
@@ -139,7 +136,7 @@ def main(argv=None) -> int:
         f"# {where}, torch {torch.__version__}; width {width}; best of {args.rounds} x {args.calls}"
     )
     print(f"# host floor: one PyTorch kernel launch (a one-element add_) costs {floor:.2f} us")
-    print(markdown_header(["op", "bs", "call", "fallback", "wrapper", *PARTS, "call / floor"]))
+    print(markdown_header(["op", "bs", "call", "wrapper", *PARTS, "call / floor"]))
     with Patches() as patches:
         if DEVICE.type != "cuda":
             planned_on_cpu(patches, None)
@@ -157,7 +154,7 @@ def main(argv=None) -> int:
                 ]
                 plans, kwargs = call_of(op, buffers, bs)
                 times = profile(op, plans, kwargs, args.calls, args.rounds)
-                cells = [op, str(bs), *(f"{times[k]:.2f}" for k in ("call", "fallback", "wrapper"))]
+                cells = [op, str(bs), *(f"{times[k]:.2f}" for k in ("call", "wrapper"))]
                 cells += [f"{times[k]:.2f}" for k in PARTS]
                 print(markdown_row([*cells, f"{times['call'] / floor:.2f}"]), flush=True)
     return 0

@@ -20,7 +20,7 @@ from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as dr
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import bounded_num_programs
-from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans, keyword_call
+from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans, bind
 from sglang_dsa_mtp.testing.metadata_cases import (
     SMALL_TOPK,
     STRIDING_LENGTHS,
@@ -160,14 +160,12 @@ def test_a_call_with_another_budget_on_the_same_buffers_launches_its_own_grid(op
 
 
 @pytest.mark.parametrize("op", WRAPPERS)
-def test_a_wrapper_called_by_keyword_behind_the_fallback_launches_through_its_plan(
-    op, planned_launches
-):
-    """SGLang calls by keyword: behind the per-bs fallback the call takes the wrapper's plan
-    without the wrapper's frame (its body is its plans' call of its locals()), as the wrapper
-    itself does; the first call goes through the wrapper, its checks and the JIT."""
+def test_the_call_the_server_makes_launches_through_the_wrappers_plan(op, planned_launches):
+    """SGLang calls by keyword what the per-bs fallback installs: for the three ops a function with
+    the wrapper's signature that launches through the plan of the call's key; the MTP one launch is
+    the function its capture binds (``launch.bind``). The first call goes through the wrapper, its
+    checks and the JIT; later ones, and the wrapper itself, take the plan."""
     plans, wrapper = WRAPPERS[op]
-    assert keyword_call(wrapper) == plans.call_keywords
     table = torch.randint(0, 1000, (2 * BS, 300), dtype=torch.int32)
     next_n = 5 if op != "mtp" else 1
     steps = [
@@ -178,11 +176,28 @@ def test_a_wrapper_called_by_keyword_behind_the_fallback_launches_through_its_pl
         kwargs = one_launch_kwargs(
             steps, BS, steps[0].seq_lens[:BS], steps[0].req_pool_indices[:BS]
         )
+        inputs = [kwargs.pop(name) for name in plans.input_names]
+        bound = bind(wrapper, plans.input_names, **kwargs)
+        assert all(bound.fixed[name] is value for name, value in kwargs.items())
+
+        def served():
+            bound(*inputs)
+
+        kwargs.update(zip(plans.input_names, inputs))
     else:
         kwargs = steps[0].replay_kwargs(op, BS)
-    guarded = Fallback(wrapper, lambda **kw: pytest.fail(f"fell back: {kw}"), what=op)
+        guarded = Fallback(wrapper, lambda **kw: pytest.fail(f"fell back: {kw}"), what=op)
+        installed = guarded.installed
+        assert installed.launch_plans is plans and installed.fallback is guarded
+        assert list(inspect.signature(installed).parameters)[:-1] == list(
+            inspect.signature(wrapper).parameters
+        )
+
+        def served():
+            installed(**kwargs)
+
     for _ in range(2):
-        guarded(**kwargs)
+        served()
     wrapper(**kwargs)
     (kind, grid), *rest = planned_launches
     assert kind == "jit" and rest == [("plan", grid)] * 2

@@ -95,10 +95,8 @@ def why_not_one_launch(multi, bs: int | None = None) -> str | None:
     return _tables_mismatch([b.decode_cuda_graph_metadata[bs] for b in backends], backends)
 
 
-INPUTS = (
-    "seq_lens",
-    "req_pool_indices",
-)  # the one launch's per-replay inputs, in plan.call's order
+# The one launch's per-replay inputs, in the order plan.call takes them.
+INPUTS = ("seq_lens", "req_pool_indices")
 
 
 def draft_decode_metadata(original, self, forward_batch, in_capture=False):

@@ -345,8 +345,8 @@ def spans(
     several requests where a request has at most one tile (the CPU's 128-token context). A request's
     tiles cover its KV length (``seq_lens``, + ``next_n`` in a target verify) rounded up to SGLang's
     128-column blocks, within the table's width; the programs are ``bounded_num_programs`` of the
-    device's default budget (the decode replay's from ``DECODE_MANY_REQUESTS`` requests)."""
-    from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
+    device's default budget (the decode replay's: ``decode_programs_per_sm``)."""
+    from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import decode_programs_per_sm
     from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
         TILE_N,
         bounded_num_programs,
@@ -358,9 +358,8 @@ def spans(
     block = slice_.SGLANG_BLOCK_N
     live_end = ((kv.clamp(min=0) + block - 1) // block * block).clamp(max=width)
     tiles = int(((live_end + TILE_N - 1) // TILE_N).sum())
-    per_sm = PROGRAMS_PER_SM
-    if max_len is not None and destinations is None and bs >= bounded.DECODE_MANY_REQUESTS:
-        per_sm = bounded.DECODE_MANY_PROGRAMS_PER_SM
+    decode_replay = max_len is not None and destinations is None
+    per_sm = decode_programs_per_sm(bs) if decode_replay else PROGRAMS_PER_SM
     return tiles > bounded_num_programs(bs, width, default_budget(seq_lens.device, per_sm))
 
 

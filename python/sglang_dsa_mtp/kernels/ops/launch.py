@@ -321,7 +321,8 @@ class LaunchPlans:
         for name, p in _parameters(wrapper).items():
             if name not in names and name not in arguments and p.default is not p.empty:
                 arguments[name] = p.default
-        head = self.key(arguments)[: -len(tunables())] if tunables() else self.key(arguments)
+        key = self.key(arguments)
+        head = key[: len(key) - len(tunables())]  # the key but its tunables, read at each call
 
         def bound(*inputs) -> None:
             plan = self._plans.get((*head, *tunables()))

@@ -45,6 +45,12 @@ from sglang_dsa_mtp.kernels.ops.launch import Launch, LaunchPlans
 DECODE_MANY_REQUESTS, DECODE_MANY_PROGRAMS_PER_SM = 16, 8
 DRAFT_EXTEND_MANY_REQUESTS, DRAFT_EXTEND_MANY_WARPS = 32, 8
 
+
+def decode_programs_per_sm(bs: int) -> int:
+    """Programs per SM of the decode replay's default budget at ``bs`` requests."""
+    return DECODE_MANY_PROGRAMS_PER_SM if bs >= DECODE_MANY_REQUESTS else PROGRAMS_PER_SM
+
+
 # ----------------------------------------------------------------------------------------------
 # Decode
 # ----------------------------------------------------------------------------------------------
@@ -163,8 +169,7 @@ def fused_dsa_decode_metadata_bounded(
 
     ``budget``: the most page-table programs one launch may use (at least 1; the batch's live
     tiles are shared among them, whatever the number of requests); None uses
-    :func:`default_budget`, with :data:`DECODE_MANY_PROGRAMS_PER_SM` per SM from
-    :data:`DECODE_MANY_REQUESTS` requests. ``page_table_1=None`` is allowed when
+    :func:`default_budget` with :func:`decode_programs_per_sm`. ``page_table_1=None`` is allowed when
     ``physical_page_size > 1`` (only ``real_page_table`` is written); with page size 1
     ``real_page_table`` is ``page_table_1``.
     """
@@ -192,9 +197,7 @@ def _decode_launch(a: Mapping[str, Any]) -> Optional[Launch]:
         a["physical_page_size"],
         a["req_to_token"].device,
     )
-    many = bs >= DECODE_MANY_REQUESTS
-    programs_per_sm = DECODE_MANY_PROGRAMS_PER_SM if many else PROGRAMS_PER_SM
-    return decode_launch(a, width, [a], [tables], programs_per_sm=programs_per_sm)
+    return decode_launch(a, width, [a], [tables], programs_per_sm=decode_programs_per_sm(bs))
 
 
 def decode_launch(

@@ -274,8 +274,8 @@ def main(argv=None) -> int:
         )
 
     floor_host = None
+    one = torch.zeros(1, device=device)  # the host floor's one-element add_
     if args.host:
-        one = torch.zeros(1, device=device)
         floor_host = time_host({"one torch launch": lambda: one.add_(1)})["one torch launch"]
         print(
             f"# host floor: one PyTorch kernel launch (a one-element add_) costs {floor_host:.1f} us"
@@ -310,7 +310,6 @@ def main(argv=None) -> int:
         out = case.outputs()
         row = {}
         if args.host:  # every arm and the host floor, arguments bound beforehand, timed in turn
-            one = torch.zeros(1, device=device)
             arms = {**host_calls(op, case, out, args.steps), FLOOR_ARM: lambda: one.add_(1)}
             row = time_host(arms)
             row["host_floor_us"] = row.pop(FLOOR_ARM)

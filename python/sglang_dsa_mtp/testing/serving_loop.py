@@ -34,7 +34,10 @@ The plugin's launches are counted per replay (:class:`Calls`): ours must run in 
 :data:`MIN_OURS` of each :data:`ENGAGED` op's replays, a replay without it only at the op's fault
 victim; a plugin-off replay must launch none of ours; after each server every ``Fallback.failed``
 and the MTP batch sizes off the one launch hold exactly the injected victims. Some launches of
-:data:`SPANNING` must have more live tiles than tile programs (on the CPU, ``cpu_budget``).
+:data:`SPANNING` must have more live tiles than tile programs (on the CPU, ``cpu_budget``). The
+counting leaves every call on the path a server takes: on a GPU the plan of the installed planned
+function must take every repeated launch of :data:`PLANNED` (:class:`Calls`; the CPU's
+interpreted kernels have no plans), and the MTP one launch runs the call its capture binds.
 
 Failures injected (:class:`Injection`), each a ``RuntimeError`` with its own text, per server, at
 four distinct captured batch sizes (``_victims``): our
@@ -63,6 +66,7 @@ import gc
 import logging
 import random
 import time
+import weakref
 from types import SimpleNamespace
 from typing import Optional
 
@@ -90,6 +94,9 @@ MIN_ROUNDS_INJECTED = 20
 # tile programs, so that programs move on from one request to the next.
 SPANNING = ("target verify", "draft extend", "MTP one launch")
 INJECTIONS = ("capture", "warm-up", "replay", "one launch")  # the victims' keys
+# The kernels whose Fallback installs a planned function (LaunchPlans.planned): on a GPU, its plan
+# must take every repeated launch of ours (``Calls``).
+PLANNED = ("decode", "target verify", "draft extend")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +169,11 @@ class LoopReport:
     # launches whose batch had more live tiles than the launch has tile programs.
     calls: dict[str, int] = dataclasses.field(default_factory=dict)
     spanned: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Of the launches of PLANNED's ops, those at a bs where ours had launched before (its plan
+    # made) and no injection routes the calls to Fallback.__call__; of those, the ones the
+    # installed planned function's plan took.
+    repeated: dict[str, int] = dataclasses.field(default_factory=dict)
+    planned: dict[str, int] = dataclasses.field(default_factory=dict)
     indexer_calls: int = 0  # per arm
     indexer_live_calls: int = 0  # of the on arm's calls, those the live copy answered
     indexer_mismatches: list[str] = dataclasses.field(default_factory=list)
@@ -199,6 +211,13 @@ class LoopReport:
                 f"the live copy answered {self.indexer_live_calls} of {self.indexer_calls} indexer "
                 f"calls ({injected} injected failures)"
             )
+        if self.device.startswith("cuda"):  # compiled kernels have launch plans
+            out += [
+                f"the planned path took {self.planned.get(op, 0)} of {repeated} repeated {op} "
+                "launches of ours"
+                for op, repeated in self.repeated.items()
+                if op in PLANNED and self.planned.get(op, 0) < repeated
+            ]
         if self.servers:
             out += [
                 f"no {kernel} launch had more live tiles than tile programs"
@@ -281,29 +300,81 @@ def _raising_at(fn, bs: int, injection: Injection, armed=lambda: True):
     return call
 
 
+class _BsOrFailed:
+    """The batch sizes a planned function sends to ``Fallback.__call__`` while ours raises at
+    ``bs``: ``bs`` and those that fell back (the live set)."""
+
+    def __init__(self, bs: int, failed: set):
+        self.bs, self.failed = bs, failed
+
+    def __contains__(self, item) -> bool:
+        return item == self.bs or item in self.failed
+
+
+def _inject(calls, fallback, bs: int, injection: Injection, armed=lambda: True) -> None:
+    """Ours of ``fallback`` raising ``injection``'s error at ``bs``. Ours replaced, the installed
+    planned function would send every call to ``Fallback.__call__``; it stands for the original
+    ours at every other ``bs``, so only ``bs`` (and the batch sizes that fell back) go there: the
+    other calls keep the planned path that a server takes (``calls`` is told that ``bs`` does not).
+    """
+    from sglang_dsa_mtp.kernels.ops.launch import set_unless
+
+    calls.routed.setdefault(fallback, set()).add(bs)
+    fallback.ours = _raising_at(fallback.ours, bs, injection, armed)
+    installed = fallback.installed
+    if getattr(installed, "launch_plans", None) is not None:
+        set_unless(installed, _BsOrFailed(bs, fallback.failed))
+
+
 class Calls:
-    """The launches of our kernels, counted from the integration side: at the ``ours`` of each
-    :class:`~sglang_dsa_mtp.integration.fallback.Fallback` of an arm (:meth:`attach`), counted only
-    where ``ours`` is the kernel ``dsa_metadata_selection.KERNELS`` names for its attribute (SGLang's
-    kernel wrapped as "ours" counts nothing), and at the MTP hook's one-launch kernel
-    (``dsa_mtp_draft_metadata.fused_dsa_draft_decode_metadata_multi``). A launch counts when it
-    returns, inside :meth:`replay` only (not the captures' warm-ups), by kernel: "decode", "target
-    verify", "draft extend" (``KERNELS``' names), "MTP one launch". Each counted launch also tells
-    whether its batch had more live tiles than the launch has tile programs (:func:`spans`)."""
+    """The launches of our kernels, counted from the integration side without changing the path
+    they take. Per backend attribute of ``dsa_metadata_selection.KERNELS`` whose
+    :class:`~sglang_dsa_mtp.integration.fallback.Fallback` runs the kernel ``KERNELS`` names
+    (:meth:`attach`; SGLang's kernel behind a Fallback counts nothing): the attribute calls the
+    installed function through a counter, which counts a launch of ours when the installed
+    function's plan took the call (``Fallback.__call__`` not entered: "planned") or
+    ``Fallback.__call__`` ran ours (its ``bs`` did not fall back). The first launch at a ``bs``
+    makes its plan (the capture's warm-up planned twin buffers, and graph capture launches none);
+    every later one, but at a ``bs`` an injection routes to ``Fallback.__call__`` (``routed``), is
+    "repeated", and on a GPU its plan must take it. The MTP one launch: the call its
+    capture binds (``launch.bind`` of the real kernel, so the bound plan path) through a counter.
+    A launch counts inside :meth:`replay` only (not the captures' warm-ups), by kernel: "decode",
+    "target verify", "draft extend" (``KERNELS``' names), "MTP one launch". Each counted launch
+    also tells whether its batch had more live tiles than the launch has tile programs
+    (:func:`spans`)."""
 
     def __init__(self, monkeypatch):
         from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
+        from sglang_dsa_mtp.integration.fallback import Fallback
+        from sglang_dsa_mtp.kernels.ops import launch
 
         self.launches: collections.Counter = collections.Counter()  # of the on arm
+        self.repeated: collections.Counter = collections.Counter()  # of those, at a planned bs
+        self.planned: collections.Counter = collections.Counter()  # of those, the plans'
+        self.routed = weakref.WeakKeyDictionary()  # Fallback -> the bs its injection routes
         self.spanned: collections.Counter = collections.Counter()
         self._now: Optional[collections.Counter] = None
         self._arm: Optional[str] = None
-        one_launch = mtp.fused_dsa_draft_decode_metadata_multi
-        monkeypatch.setattr(
-            mtp,
-            "fused_dsa_draft_decode_metadata_multi",
-            self._counted(one_launch, "MTP one launch"),
-        )
+        self._entered = 0  # calls of Fallback.__call__
+        enter = Fallback.__call__
+
+        def entered(fallback, *args, **kwargs):
+            self._entered += 1
+            return enter(fallback, *args, **kwargs)
+
+        monkeypatch.setattr(Fallback, "__call__", entered)
+
+        def counted_bind(function, inputs, **fixed):
+            bound = launch.bind(function, inputs, **fixed)
+
+            def call(*values) -> None:
+                bound(*values)
+                arguments = dict(zip(inputs, values), **fixed)
+                self._count("MTP one launch", arguments, planned=False, repeated=False)
+
+            return call
+
+        monkeypatch.setattr(mtp, "bind", counted_bind)
 
     def attach(self, arm) -> None:
         from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
@@ -311,21 +382,35 @@ class Calls:
 
         for backend in arm.backends().values():
             for attr, kernel, name in KERNELS:
-                fallback = fallback_of(getattr(backend, attr))
+                installed = getattr(backend, attr)
+                fallback = fallback_of(installed)
                 if fallback is not None and fallback.ours is kernel:
-                    fallback.ours = self._counted(kernel, name)
+                    setattr(backend, attr, self._counted(installed, fallback, name))
 
-    def _counted(self, kernel, name: str):
+    def _counted(self, installed, fallback, name: str):
+        launched = set()  # the bs at which ours launched (made its plan)
+
         def call(*args, **kwargs):
-            out = kernel(*args, **kwargs)
-            if self._now is not None:
-                self._now[name] += 1
-                if self._arm == "on":
-                    self.launches[name] += 1
-                    self.spanned[name] += spans(**kwargs)
+            entered, bs = self._entered, kwargs.get("bs")
+            out = installed(*args, **kwargs)
+            planned = self._entered == entered
+            if planned or bs not in fallback.failed:
+                repeated = bs in launched and bs not in self.routed.get(fallback, ())
+                launched.add(bs)
+                self._count(name, kwargs, planned=planned, repeated=repeated)
             return out
 
+        call.fallback = fallback  # fallback_of finds it through the counter
         return call
+
+    def _count(self, name: str, kwargs: dict, *, planned: bool, repeated: bool) -> None:
+        if self._now is not None:
+            self._now[name] += 1
+            if self._arm == "on":
+                self.launches[name] += 1
+                self.repeated[name] += repeated
+                self.planned[name] += planned and repeated
+                self.spanned[name] += spans(**kwargs)
 
     @contextlib.contextmanager
     def replay(self, arm: str):
@@ -648,7 +733,7 @@ class _Server:
         verify = fallback_of(self.on.target._fused_verify_metadata)
         if verify is not None:
             injection = self._injection("warm-up", f"target verify bs {bs}")
-            verify.ours = _raising_at(verify.ours, bs, injection)
+            _inject(self.calls, verify, bs, injection)
             self.injected.append((verify, bs, injection))
         bs = victims["capture"]
         injection = self._injection("capture", f"MTP draft decode bs {bs}")
@@ -674,7 +759,7 @@ class _Server:
         extend = fallback_of(self.on.extend._fused_draft_extend_metadata)
         if extend is not None:
             injection = self._injection("replay", f"draft extend bs {bs}")
-            extend.ours = _raising_at(extend.ours, bs, injection, armed)
+            _inject(self.calls, extend, bs, injection, armed)
             self.injected.append((extend, bs, injection))
         bs = victims["one launch"]
         injection = self._injection("replay", f"MTP one launch bs {bs}")
@@ -928,13 +1013,15 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
     report.compiles_off = counters["off"]
     report.compiles_on_capture = counters["on capture"]
     report.calls, report.spanned = dict(calls.launches), dict(calls.spanned)
+    report.repeated, report.planned = dict(calls.repeated), dict(calls.planned)
     return report
 
 
 def engagement_table(report: LoopReport) -> str:
     """A markdown table: per server, the plugin-on replays of each ENGAGED op that ran ours; then
     the launches of each kernel of ours (:class:`Calls`), those with more live tiles than tile
-    programs, and the indexer calls the live copy answered."""
+    programs, the repeated launches the planned path took, and the indexer calls the live copy
+    answered."""
     from sglang_dsa_mtp.testing.bench_cli import markdown_header, markdown_row
 
     lines = [markdown_header(["server", *(f"{op}: ours ran" for op in ENGAGED)])]
@@ -946,10 +1033,16 @@ def engagement_table(report: LoopReport) -> str:
         "tiles than programs)"
         for kernel in sorted(report.calls)
     )
+    planned = ", ".join(
+        f"{op} {report.planned.get(op, 0):,} of {report.repeated[op]:,}"
+        for op in PLANNED
+        if op in report.repeated
+    )
     lines += [
         "",
-        f"Launches of ours while the plugin-on arm replayed: {launches or 'none'}; indexer calls "
-        f"the live copy answered: {report.indexer_live_calls} of {report.indexer_calls}",
+        f"Launches of ours while the plugin-on arm replayed: {launches or 'none'}; repeated "
+        f"launches the planned path took: {planned or 'none'}; indexer calls the live copy "
+        f"answered: {report.indexer_live_calls} of {report.indexer_calls}",
     ]
     return "\n".join(lines)
 

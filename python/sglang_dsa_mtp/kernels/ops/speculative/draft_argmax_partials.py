@@ -8,22 +8,28 @@ Bit-identical to the gathered fp32 logits' ``draft_topk1_postprocess`` (``nan_po
 or ``torch.argmax`` (``nan_policy="propagate"``), ties, infinities and NaN included. The exchange
 buffer, ``float32 [rows, tp_size * splits_per_rank(shard_width) * 4]``, holds exact integers, so any
 sum all-reduce (NCCL, custom, one-shot, Lamport) keeps it bit for bit. Both kernels are CUDA-graph
-capturable; :func:`warm_up` compiles every variant the call sites launch. Details (layout, lanes,
-NaN rules): docs/switches.md, section "The exchange buffer".
+capturable; :func:`warm_up` compiles every variant the call sites launch. On a GPU of compute
+capability 9.0 or later both launch as programmatic dependents (:func:`programmatic`): each may
+start while the kernel before it finishes and waits for it before its first memory access, and
+the partials let the kernel after them start at once. Details (layout, lanes, NaN rules):
+docs/switches.md, section "The exchange buffer".
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple, Optional
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sglang_dsa_mtp.kernels.ops.host import cdiv, next_power_of_2
 
 SPLIT_N = 2048  # shard columns one partials program reduces (one load per program)
+RUN_N = 8  # columns of a run: the column search reloads the first run holding the max
 PARTIALS_NUM_WARPS = 4
 FINALIZE_NUM_WARPS = 1  # one warp per row
 LANES = 4  # fp32 lanes per candidate
@@ -42,6 +48,19 @@ def splits_per_rank(shard_width: int) -> int:
 def exchange_shape(rows: int, shard_width: int, tp_size: int) -> tuple[int, int]:
     """Shape of the exchange buffer (the same on every rank): ``(rows, tp_size * splits * 4)``."""
     return rows, tp_size * splits_per_rank(shard_width) * LANES
+
+
+@functools.cache
+def programmatic(device: torch.device) -> bool:
+    """Whether the kernels launch on ``device`` as programmatic dependents (PDL): compiled kernels
+    (not Triton's interpreter) on a CUDA device of compute capability 9.0 or later. The kernels
+    then wait for the kernel before them (``griddepcontrol.wait``) before their first load or
+    store, so what they read and write is the same as in a plain launch."""
+    return (
+        device.type == "cuda"
+        and isinstance(_draft_argmax_partials_kernel, triton.runtime.JITFunction)
+        and torch.cuda.get_device_capability(device) >= (9, 0)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -68,12 +87,19 @@ def _draft_argmax_partials_kernel(
     col_base,
     valid_width,
     BLOCK_N: tl.constexpr,
+    BLOCK_RUN: tl.constexpr,
     BLOCK_TP: tl.constexpr,
     LANES: tl.constexpr,
+    PROGRAMMATIC: tl.constexpr,
 ):
+    if PROGRAMMATIC:
+        gdc_wait()  # the kernel before (the logits' writer) is done; its writes are visible
+        gdc_launch_dependents()  # the kernel after may start: it waits for this one in turn
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
-    offs = split * BLOCK_N + tl.arange(0, BLOCK_N)
+    # The split as runs of BLOCK_RUN consecutive columns: [run, column in run].
+    runs = tl.arange(0, BLOCK_N // BLOCK_RUN)
+    offs = split * BLOCK_N + runs[:, None] * BLOCK_RUN + tl.arange(0, BLOCK_RUN)[None, :]
     src = logits + row * logits_stride_0 + offs * logits_stride_1
     # bf16 -> fp32 is exact. A split wholly below valid_width loads without a mask, which lets
     # the load be vectorized (valid_width is not specialized on). Masked lanes read -inf: they sit
@@ -83,18 +109,29 @@ def _draft_argmax_partials_kernel(
         vals = tl.load(src).to(tl.float32)
     else:
         vals = tl.load(src, mask=offs < valid_width, other=float("-inf")).to(tl.float32)
-    # Two float reductions: the max, then the lowest column holding it. A NaN (rare) shows as a
-    # NaN max; then the first NaN column is taken, and the max again with NaN as -1e30, as
-    # draft_topk1_postprocess counts it (-0.0 and +0.0 compare equal, as in torch.argmax).
-    best = tl.reduce(vals, 0, _max_keeping_nan)
+    # The max (a NaN kept, so that a split holding one shows), by run, then of the runs. Without a
+    # NaN, the lowest column at the max is in the first run whose max it is: that run (its
+    # BLOCK_RUN columns, from the cache) is loaded again and searched. A NaN (rare): the first
+    # NaN column, and the max again with NaN as -1e30, as draft_topk1_postprocess counts it, its
+    # lowest column searched in the whole split (-0.0 and +0.0 compare equal, as in torch.argmax).
+    run_best = tl.reduce(vals, 1, _max_keeping_nan)
+    best = tl.reduce(run_best, 0, _max_keeping_nan)
     if best != best:
         is_nan = vals != vals
-        first_nan = tl.min(tl.where(is_nan, offs, 2147483647), 0)
+        first_nan = tl.min(tl.min(tl.where(is_nan, offs, 2147483647), 1), 0)
         vals = tl.where(is_nan, -1e30, vals)
-        best = tl.max(vals, 0)
+        best = tl.max(tl.max(vals, 1), 0)
+        local = tl.min(tl.min(tl.where(vals == best, offs, 2147483647), 1), 0)
     else:
         first_nan = 2147483647
-    local = tl.min(tl.where(vals == best, offs, 2147483647), 0)
+        first_run = tl.min(tl.where(run_best == best, runs, 2147483647), 0)
+        cols = split * BLOCK_N + first_run * BLOCK_RUN + tl.arange(0, BLOCK_RUN)
+        run = tl.load(
+            logits + row * logits_stride_0 + cols * logits_stride_1,
+            mask=cols < valid_width,
+            other=float("-inf"),
+        ).to(tl.float32)
+        local = tl.min(tl.where(run == best, cols, 2147483647), 0)
     # The max's order-preserving key: its fp32 bits (-0.0 as +0.0), negatives with the magnitude
     # bits flipped; as unsigned, 0 exactly when the split has no valid column.
     bits = best.to(tl.int32, bitcast=True)
@@ -137,7 +174,10 @@ def _draft_argmax_finalize_kernel(
     HAS_POSITIONS: tl.constexpr,
     WRITE_DRAFT_TOKEN: tl.constexpr,
     BLOCK_SLOTS: tl.constexpr,
+    PROGRAMMATIC: tl.constexpr,
 ):
+    if PROGRAMMATIC:
+        gdc_wait()  # the exchange's writer (the partials, or the all-reduce) is done
     row = tl.program_id(0).to(tl.int64)
     slots = tl.arange(0, BLOCK_SLOTS)
     mask = slots < num_slots
@@ -274,6 +314,7 @@ def launch_partials(
         )
     if rows == 0:
         return out
+    pdl = programmatic(logits_shard.device)
     _draft_argmax_partials_kernel[(rows, layout.splits)](
         logits_shard,
         out,
@@ -287,9 +328,12 @@ def launch_partials(
         layout.col_base,
         layout.valid_width,
         BLOCK_N=SPLIT_N,
+        BLOCK_RUN=min(RUN_N, SPLIT_N),
         BLOCK_TP=next_power_of_2(layout.tp_size),
         LANES=LANES,
+        PROGRAMMATIC=pdl,
         num_warps=PARTIALS_NUM_WARPS,
+        launch_pdl=pdl,
     )
     return out
 
@@ -391,6 +435,7 @@ def launch_finalize(
     if rows == 0:
         return topk_p, topk_index
     has_positions, write_draft_token = positions is not None, draft_tokens is not None
+    pdl = programmatic(device)
     _draft_argmax_finalize_kernel[(rows,)](
         exchange,
         topk_p,
@@ -409,7 +454,9 @@ def launch_finalize(
         HAS_POSITIONS=has_positions,
         WRITE_DRAFT_TOKEN=write_draft_token,
         BLOCK_SLOTS=next_power_of_2(num_slots),
+        PROGRAMMATIC=pdl,
         num_warps=FINALIZE_NUM_WARPS,
+        launch_pdl=pdl,
     )
     return topk_p, topk_index
 

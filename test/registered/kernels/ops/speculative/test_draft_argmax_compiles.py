@@ -94,3 +94,25 @@ def test_an_eager_batch_larger_than_any_captured_one_compiles_nothing_either(tp_
         serve(max(CAPTURE_BS) + 5, tp_size, draft_steps, (torch.bfloat16,), gen)
         torch.cuda.synchronize()
     assert sweep.names == [], sweep.describe()
+
+
+def compiled_variants(kernel) -> list:
+    """The variants of ``kernel`` this process compiled (Triton's per-device kernel caches)."""
+    return [variant for cache in kernel.device_caches.values() for variant in cache[0].values()]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+    reason="programmatic dependent launch needs a GPU of compute capability 9.0 or later",
+)
+def test_on_compute_capability_9_both_kernels_launch_as_programmatic_dependents():
+    """Every variant the warm-up compiles launches with PDL and waits for the kernel before it."""
+    warm_up(4, 4, (torch.bfloat16, torch.float32))
+    assert dap.programmatic(torch.device("cuda"))
+    for kernel in KERNELS:
+        variants = compiled_variants(kernel)
+        assert variants, f"no compiled variant of {kernel.__name__}"
+        for variant in variants:
+            assert variant.metadata.launch_pdl, variant.metadata
+            assert "griddepcontrol.wait" in variant.asm["ptx"]

@@ -51,6 +51,13 @@ def check_case(logits, names, tp_size, vocab_size, *, seed=0, contiguous=False):
     gen = torch.Generator().manual_seed(seed)
     buffers = cases.rank_buffers(logits, tp_size, vocab_size, contiguous=contiguous)
     problems = cases.slot_violations(buffers, vocab_size)
+    if logits.dtype == torch.bfloat16:
+        # The bf16 kernel's one integer max against the float reductions of the fp32 kernel on
+        # the same values (bf16 -> fp32 is exact): every lane of every rank's buffer, bit for bit.
+        widened = cases.rank_buffers(logits.float(), tp_size, vocab_size, contiguous=contiguous)
+        for rank, (ours, floats) in enumerate(zip(buffers, widened)):
+            if not torch.equal(ours.view(torch.int32), floats.view(torch.int32)):
+                problems.append(f"rank {rank}: the bf16 exchange differs from the fp32 kernel's")
     shape = dap.exchange_shape(logits.shape[0], logits.shape[1] // tp_size, tp_size)
     for buf in buffers:
         if tuple(buf.shape) != shape or buf.dtype != torch.float32 or buf.device != device:
@@ -273,6 +280,12 @@ def test_out_buffer_is_overwritten_whole(split_n):
     for rank, (a, b) in enumerate(zip(fresh, reused)):
         assert b is garbage[rank]
         assert torch.equal(a.view(torch.int32), b.view(torch.int32)), rank
+
+
+def test_interpreted_kernels_launch_plainly():
+    """Programmatic dependent launch is for compiled kernels on a GPU of compute capability 9.0
+    or later only (its wait is an instruction the interpreter cannot run)."""
+    assert dap.programmatic(CPU) is False
 
 
 def test_zero_rows():

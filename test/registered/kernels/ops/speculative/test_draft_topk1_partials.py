@@ -52,8 +52,8 @@ def check_case(logits, names, tp_size, vocab_size, *, seed=0, contiguous=False):
     buffers = cases.rank_buffers(logits, tp_size, vocab_size, contiguous=contiguous)
     problems = cases.slot_violations(buffers, vocab_size)
     if logits.dtype == torch.bfloat16:
-        # The bf16 kernel's one integer max against the float reductions of the fp32 kernel on
-        # the same values (bf16 -> fp32 is exact): every lane of every rank's buffer, bit for bit.
+        # The bf16 kernel's exchange against the fp32 kernel's on the same values (bf16 -> fp32
+        # is exact): every lane of every rank's buffer, bit for bit.
         widened = cases.rank_buffers(logits.float(), tp_size, vocab_size, contiguous=contiguous)
         for rank, (ours, floats) in enumerate(zip(buffers, widened)):
             if not torch.equal(ours.view(torch.int32), floats.view(torch.int32)):

@@ -28,7 +28,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sglang_dsa_mtp.kernels.ops.host import cdiv, next_power_of_2
 
-SPLIT_N = 2048  # shard columns one partials program reduces (one load per program)
+SPLIT_N = 4096  # shard columns one partials program reduces (one load per program)
 RUN_N = 8  # columns of a run: the column search reloads the first run holding the max
 PARTIALS_NUM_WARPS = 4
 FINALIZE_NUM_WARPS = 1  # one warp per row
@@ -73,6 +73,31 @@ def _max_keeping_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
+@triton.jit
+def _max_dropping_nan(a, b):
+    return tl.maximum(a, b)  # NaN only where both are
+
+
+@triton.jit
+def _first_column(
+    row_logits, logits_stride_1, start, valid_width, best, BLOCK_RUN, WHOLE_RUNS, FIND_NAN
+):
+    """The lowest column of the run at ``start`` holding a NaN (``FIND_NAN``) or, NaN counted as
+    -1e30, ``best`` (2**31 - 1 when none does)."""
+    cols = start + tl.arange(0, BLOCK_RUN)
+    if WHOLE_RUNS:
+        mask = start < valid_width
+    else:
+        mask = cols < valid_width
+    run = tl.load(row_logits + cols * logits_stride_1, mask=mask, other=float("-inf"))
+    run = run.to(tl.float32)
+    if FIND_NAN:
+        hit = run != run
+    else:
+        hit = tl.where(run != run, -1e30, run) == best
+    return tl.min(tl.where(hit, cols, 2147483647), 0)
+
+
 @triton.jit(do_not_specialize=["tp_rank", "col_base", "valid_width"])
 def _draft_argmax_partials_kernel(
     logits,
@@ -90,6 +115,7 @@ def _draft_argmax_partials_kernel(
     BLOCK_RUN: tl.constexpr,
     BLOCK_TP: tl.constexpr,
     LANES: tl.constexpr,
+    WHOLE_RUNS: tl.constexpr,
     PROGRAMMATIC: tl.constexpr,
 ):
     if PROGRAMMATIC:
@@ -97,41 +123,62 @@ def _draft_argmax_partials_kernel(
         gdc_launch_dependents()  # the kernel after may start: it waits for this one in turn
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
-    # The split as runs of BLOCK_RUN consecutive columns: [run, column in run].
+    row_logits = logits + row * logits_stride_0
+    # The split as runs of BLOCK_RUN consecutive columns: [run, column in run]. Masked lanes read
+    # -inf: they sit at higher columns than every valid one, so the lowest column at the max is a
+    # valid one whenever the split has one. With WHOLE_RUNS (valid_width a multiple of BLOCK_RUN)
+    # a run is valid whole or not at all, so the mask is one per run, which keeps the load
+    # vectorized; bf16 -> fp32 is exact.
     runs = tl.arange(0, BLOCK_N // BLOCK_RUN)
-    offs = split * BLOCK_N + runs[:, None] * BLOCK_RUN + tl.arange(0, BLOCK_RUN)[None, :]
-    src = logits + row * logits_stride_0 + offs * logits_stride_1
-    # bf16 -> fp32 is exact. A split wholly below valid_width loads without a mask, which lets
-    # the load be vectorized (valid_width is not specialized on). Masked lanes read -inf: they sit
-    # at higher columns than every valid one, so the lowest column at the max is a valid one
-    # whenever the split has one.
-    if (split + 1) * BLOCK_N <= valid_width:
-        vals = tl.load(src).to(tl.float32)
+    run_start = split * BLOCK_N + runs * BLOCK_RUN
+    offs = run_start[:, None] + tl.arange(0, BLOCK_RUN)[None, :]
+    if WHOLE_RUNS:
+        mask = (run_start < valid_width)[:, None]
     else:
-        vals = tl.load(src, mask=offs < valid_width, other=float("-inf")).to(tl.float32)
-    # The max (a NaN kept, so that a split holding one shows), by run, then of the runs. Without a
-    # NaN, the lowest column at the max is in the first run whose max it is: that run (its
-    # BLOCK_RUN columns, from the cache) is loaded again and searched. A NaN (rare): the first
-    # NaN column, and the max again with NaN as -1e30, as draft_topk1_postprocess counts it, its
-    # lowest column searched in the whole split (-0.0 and +0.0 compare equal, as in torch.argmax).
-    run_best = tl.reduce(vals, 1, _max_keeping_nan)
+        mask = offs < valid_width
+    vals = tl.load(row_logits + offs * logits_stride_1, mask=mask, other=float("-inf"))
+    # The max (a NaN kept, so that a split holding one shows), by run, then of the runs.
+    run_best = tl.reduce(vals.to(tl.float32), 1, _max_keeping_nan)
     best = tl.reduce(run_best, 0, _max_keeping_nan)
     if best != best:
-        is_nan = vals != vals
-        first_nan = tl.min(tl.min(tl.where(is_nan, offs, 2147483647), 1), 0)
-        vals = tl.where(is_nan, -1e30, vals)
-        best = tl.max(tl.max(vals, 1), 0)
-        local = tl.min(tl.min(tl.where(vals == best, offs, 2147483647), 1), 0)
+        # A NaN (rare). The first NaN column is in the first run whose max is NaN. The max with
+        # NaN as -1e30, as draft_topk1_postprocess counts it: a run without a NaN keeps its max; a
+        # run with one takes the max of its other columns (the split loaded again, from the
+        # cache, its runs reduced without NaN) or -1e30, whichever is larger. Each of the two
+        # columns is then searched in the first run holding it (-0.0 and +0.0 compare equal, as
+        # in torch.argmax).
+        nan_run = run_best != run_best
+        first_nan_run = tl.min(tl.where(nan_run, runs, 2147483647), 0)
+        again = tl.load(row_logits + offs * logits_stride_1, mask=mask, other=float("-inf"))
+        run_others = tl.reduce(again.to(tl.float32), 1, _max_dropping_nan)
+        run_others = tl.maximum(tl.where(run_others != run_others, -1e30, run_others), -1e30)
+        run_best = tl.where(nan_run, run_others, run_best)
+        best = tl.max(run_best, 0)
+        first_nan = _first_column(
+            row_logits,
+            logits_stride_1,
+            split * BLOCK_N + first_nan_run * BLOCK_RUN,
+            valid_width,
+            best,
+            BLOCK_RUN,
+            WHOLE_RUNS,
+            True,
+        )
     else:
         first_nan = 2147483647
-        first_run = tl.min(tl.where(run_best == best, runs, 2147483647), 0)
-        cols = split * BLOCK_N + first_run * BLOCK_RUN + tl.arange(0, BLOCK_RUN)
-        run = tl.load(
-            logits + row * logits_stride_0 + cols * logits_stride_1,
-            mask=cols < valid_width,
-            other=float("-inf"),
-        ).to(tl.float32)
-        local = tl.min(tl.where(run == best, cols, 2147483647), 0)
+    # The lowest column at the max is in the first run whose max it is: that run (its BLOCK_RUN
+    # columns, from the cache) is loaded again and searched.
+    first_run = tl.min(tl.where(run_best == best, runs, 2147483647), 0)
+    local = _first_column(
+        row_logits,
+        logits_stride_1,
+        split * BLOCK_N + first_run * BLOCK_RUN,
+        valid_width,
+        best,
+        BLOCK_RUN,
+        WHOLE_RUNS,
+        False,
+    )
     # The max's order-preserving key: its fp32 bits (-0.0 as +0.0), negatives with the magnitude
     # bits flipped; as unsigned, 0 exactly when the split has no valid column.
     bits = best.to(tl.int32, bitcast=True)
@@ -220,6 +267,7 @@ class PartialsLayout(NamedTuple):
     splits: int  # candidates per row from this rank
     col_base: int  # the global column of the shard's first column
     valid_width: int  # the shard's columns below vocab_size (the rest is padding)
+    whole_runs: bool  # every rank's valid_width a multiple of RUN_N: one load mask per run
 
 
 def partials_layout(*, shard_width: int, tp_rank: int, tp_size: int, vocab_size: int):
@@ -247,6 +295,9 @@ def partials_layout(*, shard_width: int, tp_rank: int, tp_size: int, vocab_size:
         splits_per_rank(shard_width),
         col_base,
         max(0, min(shard_width, vocab_size - col_base)),
+        # The same on every rank (each valid_width is shard_width, vocab_size - col_base or 0), so
+        # that warm_up, which lays out rank 0, compiles the variant every rank launches.
+        shard_width % RUN_N == 0 and vocab_size % RUN_N == 0,
     )
 
 
@@ -331,6 +382,7 @@ def launch_partials(
         BLOCK_RUN=min(RUN_N, SPLIT_N),
         BLOCK_TP=next_power_of_2(layout.tp_size),
         LANES=LANES,
+        WHOLE_RUNS=layout.whole_runs,
         PROGRAMMATIC=pdl,
         num_warps=PARTIALS_NUM_WARPS,
         launch_pdl=pdl,

@@ -79,7 +79,7 @@ def _max_dropping_nan(a, b):
 
 
 @triton.jit
-def _first_column(
+def _search_run(
     row_logits, logits_stride_1, start, valid_width, best, BLOCK_RUN, WHOLE_RUNS, FIND_NAN
 ):
     """The lowest column of the run at ``start`` holding a NaN (``FIND_NAN``) or, NaN counted as
@@ -96,6 +96,20 @@ def _first_column(
     else:
         hit = tl.where(run != run, -1e30, run) == best
     return tl.min(tl.where(hit, cols, 2147483647), 0)
+
+
+@triton.jit
+def _search_first_run_at_max(
+    row_logits, logits_stride_1, split_start, valid_width, runs, run_best, best, BLOCK_RUN,
+    WHOLE_RUNS,
+):  # fmt: skip
+    """The lowest column at ``best`` (NaN counted as -1e30): it is in the first run whose max
+    ``best`` is, which is loaded again (its BLOCK_RUN columns, from the cache) and searched."""
+    first_run = tl.min(tl.where(run_best == best, runs, 2147483647), 0)
+    start = split_start + first_run * BLOCK_RUN
+    return _search_run(
+        row_logits, logits_stride_1, start, valid_width, best, BLOCK_RUN, WHOLE_RUNS, False
+    )
 
 
 @triton.jit(do_not_specialize=["tp_rank", "col_base", "valid_width"])
@@ -140,45 +154,34 @@ def _draft_argmax_partials_kernel(
     # The max (a NaN kept, so that a split holding one shows), by run, then of the runs.
     run_best = tl.reduce(vals.to(tl.float32), 1, _max_keeping_nan)
     best = tl.reduce(run_best, 0, _max_keeping_nan)
+    split_start = split * BLOCK_N
     if best != best:
         # A NaN (rare). The first NaN column is in the first run whose max is NaN. The max with
         # NaN as -1e30, as draft_topk1_postprocess counts it: a run without a NaN keeps its max; a
-        # run with one takes the max of its other columns (the split loaded again, from the
-        # cache, its runs reduced without NaN) or -1e30, whichever is larger. Each of the two
-        # columns is then searched in the first run holding it (-0.0 and +0.0 compare equal, as
-        # in torch.argmax).
+        # run with one takes the larger of -1e30 and the max of its other columns (its values
+        # reduced again without NaN). Both columns are then searched in the first run holding
+        # them, the two runs loaded again together (-0.0 and +0.0 compare equal, as in
+        # torch.argmax).
         nan_run = run_best != run_best
         first_nan_run = tl.min(tl.where(nan_run, runs, 2147483647), 0)
-        again = tl.load(row_logits + offs * logits_stride_1, mask=mask, other=float("-inf"))
-        run_others = tl.reduce(again.to(tl.float32), 1, _max_dropping_nan)
+        run_others = tl.reduce(vals.to(tl.float32), 1, _max_dropping_nan)
         run_others = tl.maximum(tl.where(run_others != run_others, -1e30, run_others), -1e30)
         run_best = tl.where(nan_run, run_others, run_best)
         best = tl.max(run_best, 0)
-        first_nan = _first_column(
-            row_logits,
-            logits_stride_1,
-            split * BLOCK_N + first_nan_run * BLOCK_RUN,
-            valid_width,
-            best,
-            BLOCK_RUN,
-            WHOLE_RUNS,
-            True,
-        )
+        first_nan = _search_run(
+            row_logits, logits_stride_1, split_start + first_nan_run * BLOCK_RUN, valid_width,
+            best, BLOCK_RUN, WHOLE_RUNS, True,
+        )  # fmt: skip
+        local = _search_first_run_at_max(
+            row_logits, logits_stride_1, split_start, valid_width, runs, run_best, best,
+            BLOCK_RUN, WHOLE_RUNS,
+        )  # fmt: skip
     else:
         first_nan = 2147483647
-    # The lowest column at the max is in the first run whose max it is: that run (its BLOCK_RUN
-    # columns, from the cache) is loaded again and searched.
-    first_run = tl.min(tl.where(run_best == best, runs, 2147483647), 0)
-    local = _first_column(
-        row_logits,
-        logits_stride_1,
-        split * BLOCK_N + first_run * BLOCK_RUN,
-        valid_width,
-        best,
-        BLOCK_RUN,
-        WHOLE_RUNS,
-        False,
-    )
+        local = _search_first_run_at_max(
+            row_logits, logits_stride_1, split_start, valid_width, runs, run_best, best,
+            BLOCK_RUN, WHOLE_RUNS,
+        )  # fmt: skip
     # The max's order-preserving key: its fp32 bits (-0.0 as +0.0), negatives with the magnitude
     # bits flipped; as unsigned, 0 exactly when the split has no valid column.
     bits = best.to(tl.int32, bitcast=True)

@@ -25,7 +25,7 @@ least any pick must move; ``ours pick / bound``: ours pick over the most it may 
 rows 1.5 x (floor + launch floor), up to 20 rows 2 launch floors + floor), met or not printed after
 the table. ``gather MB``: the bf16 logits one rank receives per round at TP n,
 ``rows x vocab x 2 x (n - 1) / n``; ``exchange KB``: the fp32 exchange buffer at TP n,
-``rows x n x splits x 16`` bytes (``splits`` = 2048-column splits of a rank's shard).
+``rows x n x splits x 16`` bytes (``splits`` = ``SPLIT_N``-column splits of a rank's shard).
 
     source test/gpu_env.sh && python3 test/registered/kernels/benchmark/speculative/bench_verify_argmax_exchange.py
     python3 .../bench_verify_argmax_exchange.py --dry-run   # the arms and the check on the CPU, untimed

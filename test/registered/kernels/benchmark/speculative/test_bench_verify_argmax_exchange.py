@@ -32,7 +32,7 @@ def test_the_one_gpu_benchmark_checks_its_arms_in_a_dry_run(capsys):
         ("5/1/6", "1", "6"),
         ("5/1/6", "4", "24"),
     ]
-    # vocab 1001 at TP 2: 512-column shards, one 2048-column split each; 5 rows
+    # vocab 1001 at TP 2: 512-column shards, one split each; 5 rows
     assert rows[0][-3] == f"{5 * 1001 * 2 / 2 / 1e6:.1f} / {5 * 2 * 1 * 16 / 1e3:.1f}"
 
 

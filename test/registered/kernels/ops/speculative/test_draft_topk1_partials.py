@@ -125,6 +125,9 @@ def test_summed_partials_match_the_gathered_pick(tp_size, dtype, split_n):
         pytest.param(3, 24, 3 * 24, 8, id="tp3-no-padding"),
         pytest.param(2, 33, 34, 64, id="tp2-one-valid-column-in-rank-1"),
         pytest.param(8, 5, 37, 8, id="tp8-narrow-shards-one-split"),
+        # Whole runs of 8 (one load mask per run) with padding: rank 2 holds one valid run of its
+        # first split, rank 3 none, and every padding column holds +inf / NaN / 1e30.
+        pytest.param(4, 48, 2 * 48 + 8, 16, id="tp4-whole-runs-with-padding-splits"),
     ],
     indirect=["split_n"],
 )
@@ -306,6 +309,31 @@ def test_exchange_shape_helpers():
     assert dap.exchange_shape(16, width, 2) == (16, 2 * dap.splits_per_rank(width) * dap.LANES)
     assert cases.padded_shard_width(1001, 4) == 256
     assert cases.padded_shard_width(100, 3) == 64  # 128 % 3 != 0: padded to 192
+
+
+@pytest.mark.parametrize(
+    "shard_width,tp_size,vocab_size,whole_runs",
+    [
+        (cases.padded_shard_width(cases.VOCAB, 8), 8, cases.VOCAB, True),
+        (48, 4, 2 * 48 + 8, True),
+        (48, 4, 2 * 48 + 5, False),  # the last valid rank ends inside a run
+        (44, 2, 80, False),  # a shard ending inside a run
+    ],
+)
+def test_one_load_mask_per_run_the_same_on_every_rank(shard_width, tp_size, vocab_size, whole_runs):
+    # The per-run mask is exact only where every valid width is a multiple of RUN_N; the flag is
+    # the same on every rank, so that the warm-up (rank 0's layout) compiles what each rank runs.
+    layouts = [
+        dap.partials_layout(
+            shard_width=shard_width, tp_rank=rank, tp_size=tp_size, vocab_size=vocab_size
+        )
+        for rank in range(tp_size)
+    ]
+    assert {layout.whole_runs for layout in layouts} == {whole_runs}
+    if whole_runs:
+        assert all(layout.valid_width % dap.RUN_N == 0 for layout in layouts)
+    else:
+        assert any(layout.valid_width % dap.RUN_N for layout in layouts) or shard_width % dap.RUN_N
 
 
 LOGITS = torch.zeros(2, 16, dtype=torch.bfloat16)

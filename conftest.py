@@ -5,7 +5,7 @@ Without a CUDA device the tests run our Triton kernels and SGLang's through Trit
 marked ``gpu`` are skipped with a reason on such a machine.
 
 Test modules that need SGLang's runtime start with ``require_sglang()``
-(``sglang_dsa_mtp.testing.sglang_import``): skipped with a reason where the ``sglang`` distribution is
+(``support.sglang_import``): skipped with a reason where the ``sglang`` distribution is
 not installed, an error where it is installed and does not import. On a CUDA machine without
 SGLang's dependencies the GPU runner has only SGLang's files on the path (from the wheel, for the
 reference kernels); there an import of ``sglang`` would fail and leave half of it in
@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from sglang_dsa_mtp.devices import select_device
-from sglang_dsa_mtp.testing.sglang_import import sglang_version
+from support.sglang_import import sglang_version
 
 DEVICE = select_device()
 GPU_SKIP_REASON = "needs a CUDA GPU (run test/run_gpu.sh on a CUDA machine)"
@@ -95,7 +95,7 @@ def triton_release(monkeypatch):
 @pytest.fixture
 def set_platform(monkeypatch):
     """``set_platform(cuda=..., hip=...)``: what SGLang's and our hook sites see as the platform."""
-    from sglang_dsa_mtp.testing.dsa_backends import set_platform
+    from support.dsa_backends import set_platform
 
     return lambda *, cuda, hip: set_platform(monkeypatch, cuda=cuda, hip=hip)
 
@@ -134,7 +134,7 @@ def hooked(fresh_switches, monkeypatch, sglang_targets_restored):
     """SGLang's ``load_plugins()`` has run our ``register()`` with the real tables and applied the
     hooks, on a CUDA platform (``dsa_backends.load_plugin``); everything is restored afterwards
     (``sglang_targets_restored``)."""
-    from sglang_dsa_mtp.testing.dsa_backends import load_plugin
+    from support.dsa_backends import load_plugin
 
     load_plugin(monkeypatch)
     return monkeypatch

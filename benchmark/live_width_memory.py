@@ -4,7 +4,7 @@ with ``SGLANG_DSA_LIVE_WIDTH`` on and off, for the spec's launches at a 1M-token
 No GPU needed (SGLang 0.5.23 installed, on the CPU): the backends are SGLang's real classes, built by
 SGLang's own constructors (the target through its attention registry, the draft-extend and
 multi-step backends through its ``DraftBackendFactory``) in a published launch
-(``sglang_dsa_mtp.testing.dsa_backends``), with SGLang's plugin loader having applied this plugin's
+(``support.dsa_backends``), with SGLang's plugin loader having applied this plugin's
 hooks. Their graph state comes from SGLang's own ``init_cuda_graph_state``, and every batch size
 SGLang captures in spec mode (``generate_decode_cuda_graph_batch_sizes``) gets its metadata from
 SGLang's own capture path, all on PyTorch's meta device: full width, real shapes, nothing allocated.
@@ -24,12 +24,18 @@ QLEN_ONLY mask (counted in the target's graph state).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
+
 import argparse
 import logging
 import os
 
 from sglang_dsa_mtp.devices import select_device
-from sglang_dsa_mtp.testing.constants import CONTEXT_1M
+from support.constants import CONTEXT_1M
 
 select_device()  # before any Triton kernel is defined (TRITON_INTERPRET=1 without CUDA)
 
@@ -44,7 +50,7 @@ def build_graph_state(server_args, context: int, max_bs: int, switch: str) -> di
     from sglang.srt.runtime_context import get_spec
 
     from sglang_dsa_mtp.switches import LIVE_WIDTH
-    from sglang_dsa_mtp.testing import dsa_backends as kit
+    from support import dsa_backends as kit
 
     os.environ[LIVE_WIDTH.env] = switch
     spec = get_spec()
@@ -105,7 +111,7 @@ def main() -> None:
     from sglang.srt.speculative.eagle_utils import TreeMaskMode
 
     from sglang_dsa_mtp.plugin import ENTRY_POINT
-    from sglang_dsa_mtp.testing import dsa_backends as kit
+    from support import dsa_backends as kit
 
     os.environ["SGLANG_PLUGINS"] = ENTRY_POINT
     sglang.srt.plugins.load_plugins()

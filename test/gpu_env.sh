@@ -2,7 +2,8 @@
 #
 #   source test/gpu_env.sh && python3 test/registered/kernels/benchmark/attention/bench_dsa_metadata_bounded.py
 #
-# Puts this checkout's python/ first on PYTHONPATH and makes SGLang 0.5.23's files findable:
+# Puts this checkout's python/ and test/ (the test support) first on PYTHONPATH and makes SGLang
+# 0.5.23's files findable:
 # - where `import sglang` works (SGLang installed with its dependencies), that SGLang is used;
 # - where it does not (a CUDA machine with torch and triton but without SGLang or a network), from
 #   the folder .whl/ at the top of the checkout (ignored by git), unpacked once into $TMPDIR (/tmp):
@@ -11,7 +12,7 @@
 #   there, for SGLang's runtime). Only SGLang's package folder goes on PYTHONPATH, without its
 #   distribution metadata: the kernel tests load SGLang's Triton kernels by file path without
 #   importing `sglang`, and the test modules that need SGLang's runtime skip (test/gpu_sglang_env.sh
-#   adds the runtime). Layout: python/sglang_dsa_mtp/testing/gpu_payload.py.
+#   adds the runtime). Layout: test/support/gpu_payload.py.
 #
 # Exports GPU_SGLANG (installed, payload or wheel) and, from .whl/, GPU_SGLANG_DIR (the unpacked
 # folder, with files/ and, where the runtime came too, runtime/). Sourcing it again does nothing.
@@ -20,7 +21,7 @@ if [ -z "${GPU_SGLANG:-}" ]; then
     _repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
     if python3 -c 'import sglang' >/dev/null 2>&1; then
         echo "gpu_env.sh: using the installed SGLang ($(python3 -c 'from importlib.metadata import version; print(version("sglang"))' 2>/dev/null || echo "version unknown"))" >&2
-        export GPU_SGLANG=installed PYTHONPATH="$_repo/python${PYTHONPATH:+:$PYTHONPATH}"
+        export GPU_SGLANG=installed PYTHONPATH="$_repo/python:$_repo/test${PYTHONPATH:+:$PYTHONPATH}"
     else
         _payload=$_repo/.whl/sglang-0.5.23-gpu.tar.xz
         _wheel=$(ls "$_repo"/.whl/sglang-0.5.23-*.whl 2>/dev/null | head -n 1)
@@ -43,7 +44,7 @@ if [ -z "${GPU_SGLANG:-}" ]; then
                 tar -xJf "$_payload" -C "$_partial"
             else  # without the dependency wheels, SGLang's files only (no runtime/)
                 ls "$_deps"/*.whl >/dev/null 2>&1 || _deps=-
-                PYTHONPATH="$_repo/python" python3 -m sglang_dsa_mtp.testing.gpu_payload stage \
+                PYTHONPATH="$_repo/python:$_repo/test" python3 -m support.gpu_payload stage \
                     "$_wheel" "$_deps" "$_partial"
             fi && mv -T "$_partial" "$_dir" || {
                 rm -rf "$_partial"
@@ -53,7 +54,7 @@ if [ -z "${GPU_SGLANG:-}" ]; then
         fi
         echo "gpu_env.sh: SGLang does not import here; using SGLang's files from $([ "$_source" = payload ] && echo "$_payload" || echo "$_wheel")" >&2
         export GPU_SGLANG=$_source GPU_SGLANG_DIR=$_dir
-        export PYTHONPATH="$_repo/python:$_dir/files${PYTHONPATH:+:$PYTHONPATH}"
+        export PYTHONPATH="$_repo/python:$_repo/test:$_dir/files${PYTHONPATH:+:$PYTHONPATH}"
         unset _payload _wheel _deps _source _key _dir _partial
     fi
     unset _repo

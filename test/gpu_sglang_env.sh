@@ -10,8 +10,8 @@
 # own metadata with its entry point, so that SGLang's plugin loader finds it (the plugin registers
 # only for the SGLang version it was tested with, read from SGLang's metadata). SGLang's native
 # packages (sgl_kernel) stay absent: pytest sessions get them stubbed before any test module is
-# imported (PYTEST_ADDOPTS gains -p sglang_dsa_mtp.testing.sglang_stubs), and the TP harness
-# (python/sglang_dsa_mtp/testing/tp.py) stubs them in its processes; calling a stub raises.
+# imported (PYTEST_ADDOPTS gains -p support.sglang_stubs), and the TP harness
+# (test/support/tp.py) stubs them in its processes; calling a stub raises.
 #
 # Exports GPU_SGLANG_RUNTIME (the folders added). Sourcing it again does nothing.
 
@@ -52,7 +52,7 @@ PY
         fi
         export GPU_SGLANG_RUNTIME="$GPU_SGLANG_DIR/runtime:$_meta"
         export PYTHONPATH="$PYTHONPATH:$GPU_SGLANG_RUNTIME"
-        export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }-p sglang_dsa_mtp.testing.sglang_stubs"
+        export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }-p support.sglang_stubs"
         echo "gpu_sglang_env.sh: SGLang's runtime from $GPU_SGLANG_DIR/runtime, native packages stubbed" >&2
         unset _meta
     fi

@@ -6,7 +6,7 @@
 #   bash test/pack_gpu_payload.sh [--triton VERSION]
 #
 # .whl/sglang-0.5.23-gpu.tar.xz   SGLang 0.5.23 for test/run_gpu.sh, test/gpu_env.sh and
-#     test/gpu_sglang_env.sh (python/sglang_dsa_mtp/testing/gpu_payload.py): its files/ folder is
+#     test/gpu_sglang_env.sh (test/support/gpu_payload.py): its files/ folder is
 #     SGLang's package without native files and unreached subtrees, its runtime/ folder SGLang's
 #     metadata and the wheels of test/gpu_sglang_deps.txt unpacked. Built from SGLang's wheel for
 #     CPython 3.12 (.whl/sglang-0.5.23-*.whl: only its Python and source files are used) and those
@@ -47,12 +47,12 @@ fi
 if ! ls .whl/sglang-deps/*.whl >/dev/null 2>&1; then
     pip_download -d .whl/sglang-deps -r test/gpu_sglang_deps.txt
 fi
-export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD/python:$PWD/test${PYTHONPATH:+:$PYTHONPATH}"
 echo "staging SGLang's files from $wheel and the wheels of .whl/sglang-deps/"
-python3 -m sglang_dsa_mtp.testing.gpu_payload stage "$wheel" .whl/sglang-deps "$work/payload"
-python3 -m sglang_dsa_mtp.testing.gpu_payload check "$work/payload" "$wheel"
+python3 -m support.gpu_payload stage "$wheel" .whl/sglang-deps "$work/payload"
+python3 -m support.gpu_payload check "$work/payload" "$wheel"
 echo "packing .whl/sglang-0.5.23-gpu.tar.xz"
-python3 -m sglang_dsa_mtp.testing.gpu_payload pack "$work/payload" .whl/sglang-0.5.23-gpu.tar.xz
+python3 -m support.gpu_payload pack "$work/payload" .whl/sglang-0.5.23-gpu.tar.xz
 sizes=(.whl/sglang-0.5.23-gpu.tar.xz)
 
 if [ -n "$triton_version" ]; then
@@ -73,4 +73,4 @@ fi
 for slim in .whl/triton-*-cp312-slim.tar.xz; do
     [ -f "$slim" ] && sizes+=("$slim")
 done
-python3 -m sglang_dsa_mtp.testing.gpu_payload sizes "${sizes[@]}"
+python3 -m support.gpu_payload sizes "${sizes[@]}"

@@ -65,7 +65,7 @@ log=${OUT:-$(mktemp -d)}/gpu-tests-triton-$triton_version.log
 : >"$log"
 
 # The modules that need SGLang's runtime, at or under the paths given (default: test/registered).
-sglang_list=$(PYTHONPATH=python python3 -m sglang_dsa_mtp.testing.sglang_import "${paths[@]%%::*}")
+sglang_list=$(PYTHONPATH=python:test python3 -m support.sglang_import "${paths[@]%%::*}")
 sglang_modules=()
 [ -n "$sglang_list" ] && mapfile -t sglang_modules <<<"$sglang_list"
 declare -A needs_sglang=()

@@ -17,8 +17,12 @@ instance's share, in the order stock-1, plugin-1, plugin-2, stock-2; then ``--re
 import sys
 from pathlib import Path
 
-from sglang_dsa_mtp.e2e import gsm8k
-from sglang_dsa_mtp.e2e.protocol import (
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test"))
+
+
+from support.e2e import gsm8k
+from support.e2e.protocol import (
     Instance,
     check_kit_args,
     get_preset,

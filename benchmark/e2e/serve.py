@@ -8,12 +8,18 @@ Replaces itself with ``python -m sglang.launch_server`` with the preset's flags,
 after ``--``, and the arm's kill switches in the environment (stock: both 0; plugin: both unset).
 """
 
+import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test"))
+
 import argparse
 import os
 import shlex
-import sys
 
-from sglang_dsa_mtp.e2e.protocol import (
+from sglang_dsa_mtp.switches import SWITCHES
+from support.e2e.protocol import (
     ARMS,
     PRESETS,
     SERVER_EPILOG,
@@ -23,7 +29,6 @@ from sglang_dsa_mtp.e2e.protocol import (
     server_command,
     split_server_args,
 )
-from sglang_dsa_mtp.switches import SWITCHES
 
 
 def build_parser():

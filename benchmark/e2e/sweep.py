@@ -20,8 +20,12 @@ the order stock-1, plugin-1, plugin-2, stock-2; then ``--report-only`` prints th
 import sys
 from pathlib import Path
 
-from sglang_dsa_mtp.e2e import sweep
-from sglang_dsa_mtp.e2e.protocol import (
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test"))
+
+
+from support.e2e import sweep
+from support.e2e.protocol import (
     Instance,
     check_kit_args,
     get_preset,

@@ -9,7 +9,7 @@ decide, which the status says), so that it takes about as long as importing SGLa
 ``--version`` import neither torch nor SGLang. The exit status is 0 when SGLang's plugin loader
 loads this plugin, every kill-switch value is valid and every self-check passes; 1 when the loader
 leaves the plugin out, a value is invalid or a check fails; 2 on a bad command line. The rows come
-from :mod:`sglang_dsa_mtp.status`, the checks from the test support (``sglang_dsa_mtp.testing``),
+from :mod:`sglang_dsa_mtp.status`, the checks from the test support (``support``),
 which only this command imports, and only when it runs them.
 
 Every line on the screen is at most :data:`WIDTH` columns. The tables go to stdout: a table's last
@@ -193,7 +193,7 @@ def _print_status(device: torch.device, device_note: str, *, resolve: bool) -> b
 def _run_checks(device: torch.device, device_note: str) -> list[str]:
     """Run and table the self-checks; the names of those that failed."""
     from sglang_dsa_mtp.selfcheck import run_checks
-    from sglang_dsa_mtp.testing import selfchecks
+    from support import selfchecks
 
     results = run_checks(selfchecks.CHECKS, device)
     if not results:

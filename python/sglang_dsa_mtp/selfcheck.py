@@ -3,7 +3,7 @@
 A check compares one of our kernels with SGLang 0.5.23's own on random inputs, bit for bit, on the
 device it is given: the GPU (at real sizes, with a CUDA-graph timing of each arm) or the CPU through
 Triton's interpreter (at small sizes, untimed). The checks themselves are test support
-(``sglang_dsa_mtp.testing.selfchecks.CHECKS``), which the command line hands to :func:`run_checks`
+(``support.selfchecks.CHECKS``), which the command line hands to :func:`run_checks`
 after ``select_device()``; this module imports none of it.
 """
 

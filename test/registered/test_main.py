@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
@@ -25,7 +25,7 @@ from sglang_dsa_mtp.__main__ import (
 from sglang_dsa_mtp.devices import cuda_blocker
 from sglang_dsa_mtp.selfcheck import CheckResult, SelfCheck
 from sglang_dsa_mtp.switches import ACCEPTED, SWITCHES
-from sglang_dsa_mtp.testing import selfchecks
+from support import selfchecks
 
 
 def run_main(*args, python=(), merged=False, **env):

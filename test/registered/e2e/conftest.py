@@ -2,7 +2,7 @@
 
 ``standin_server.py`` is importable from here: pytest puts this folder on ``sys.path``. The kit
 imports SGLang (its server-argument parser, its GSM8K harness, its load client), so each
-test module starts with ``require_sglang()`` (``sglang_dsa_mtp.testing.sglang_import``).
+test module starts with ``require_sglang()`` (``support.sglang_import``).
 """
 
 import pytest

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp.e2e import gsm8k  # noqa: E402
-from sglang_dsa_mtp.e2e.protocol import Instance  # noqa: E402
+from support.e2e import gsm8k  # noqa: E402
+from support.e2e.protocol import Instance  # noqa: E402
 
 # Eight questions: the first five are also the shots. The stand-in answers question 6 and 7 wrong.
 QUESTIONS = [(f"What is {i} + {i}?", f"{i} and {i} make {2 * i}.\n#### {2 * i}") for i in range(8)]

@@ -4,11 +4,11 @@ import sys
 
 import pytest
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp.e2e.protocol import (  # noqa: E402
+from support.e2e.protocol import (  # noqa: E402
     INSTANCE_ORDER,
     PRESETS,
     RUNS_PER_INSTANCE,

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp.testing.scripts import has_default, load_script, options_help
+from support.scripts import has_default, load_script, options_help
 
 KIT = Path(__file__).parents[3] / "benchmark" / "e2e"
 SCRIPTS = sorted(KIT.glob("*.py"))

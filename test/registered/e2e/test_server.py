@@ -7,15 +7,15 @@ import sys
 import pytest
 import standin_server
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
 import requests  # noqa: E402
 
-from sglang_dsa_mtp.e2e import server as server_module  # noqa: E402
-from sglang_dsa_mtp.e2e.protocol import arm_env  # noqa: E402
-from sglang_dsa_mtp.e2e.server import flush_cache, generate, launch  # noqa: E402
+from support.e2e import server as server_module  # noqa: E402
+from support.e2e.protocol import arm_env  # noqa: E402
+from support.e2e.server import flush_cache, generate, launch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -96,8 +96,8 @@ def test_serve_each_instance_launches_the_interleaved_order_with_each_arms_switc
 ):
     from contextlib import contextmanager
 
-    from sglang_dsa_mtp.e2e.protocol import INSTANCE_ORDER
     from sglang_dsa_mtp.switches import SWITCHES
+    from support.e2e.protocol import INSTANCE_ORDER
 
     events = []
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp.e2e import sweep  # noqa: E402
-from sglang_dsa_mtp.e2e.protocol import Instance  # noqa: E402
+from support.e2e import sweep  # noqa: E402
+from support.e2e.protocol import Instance  # noqa: E402
 
 RECORDED = (
     Path(__file__).parent / "fixtures" / "sweep"

@@ -5,10 +5,10 @@ import pytest
 
 @pytest.fixture
 def dsa_server(hooked):
-    """``dsa_server(**options)``: a :class:`~sglang_dsa_mtp.testing.dsa_backends.CpuDsaServer` on which
+    """``dsa_server(**options)``: a :class:`~support.dsa_backends.CpuDsaServer` on which
     SGLang's plugin loader has applied the plugin's hooks (options: ``num_steps``, ``draft_tokens``,
     ``page_size``, ``kpool``, ``decode_impl``, ``seed``)."""
-    from sglang_dsa_mtp.testing.dsa_backends import CpuDsaServer
+    from support.dsa_backends import CpuDsaServer
 
     servers = []
 

@@ -4,7 +4,7 @@ backends.
 The backends are built by SGLang's own constructors (the target through its attention registry, the
 draft-extend and multi-step backends through its ``DraftBackendFactory``) in a published EAGLE launch,
 get their graph state from SGLang's ``init_cuda_graph_state``, and are captured and replayed through
-SGLang's own graph entry points, on the CPU (``sglang_dsa_mtp.testing.dsa_backends``). Each comparison
+SGLang's own graph entry points, on the CPU (``support.dsa_backends``). Each comparison
 builds the same server twice, ``SGLANG_DSA_LIVE_WIDTH`` on and off, replays the same rounds, and
 compares what SGLang's kernels read from every captured batch size's metadata.
 """
@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
@@ -28,8 +28,8 @@ from sglang_dsa_mtp.integration import dsa_graph_page_tables as page_tables
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
 from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, peek
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH
-from sglang_dsa_mtp.testing import dsa_backends as kit
-from sglang_dsa_mtp.testing.metadata_cases import kernel_for
+from support import dsa_backends as kit
+from support.metadata_cases import kernel_for
 
 CONTEXT = 300  # page tables 309 columns wide at EAGLE 4/1/5 (5 pages of 64)
 MAX_BS = 4

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
@@ -42,8 +42,8 @@ from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_indexer_live_logits as hook
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 from sglang_dsa_mtp.switches import LIVE_WIDTH
-from sglang_dsa_mtp.testing.compiles import count_compiles
-from sglang_dsa_mtp.testing.indexer_cases import CallRecorder, call_differences, paged_mqa_schedule
+from support.compiles import count_compiles
+from support.indexer_cases import CallRecorder, call_differences, paged_mqa_schedule
 
 SM_COUNT = 4
 PAGES_PER_ROW = 34

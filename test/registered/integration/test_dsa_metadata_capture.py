@@ -2,7 +2,7 @@
 says once what decided its kernels.
 
 SGLang's real DSA backends, built, captured and replayed by SGLang's own code on the CPU
-(``sglang_dsa_mtp.testing.dsa_backends``). Triton's interpreter compiles nothing, so these tests check
+(``support.dsa_backends``). Triton's interpreter compiles nothing, so these tests check
 the calls: the warm-up runs once per captured batch size, outside stream capture, for our kernel and
 for SGLang's kernel behind it, with the very arguments SGLang's replay of that batch size passes to
 each (the same buffers, inputs of the same dtype, shape and strides), and writes nothing the replay
@@ -15,7 +15,7 @@ import logging
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
@@ -29,7 +29,7 @@ from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
 from sglang_dsa_mtp.integration import fallback
 from sglang_dsa_mtp.integration.state import MultiStepState, state_of
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH
-from sglang_dsa_mtp.testing.dsa_backends import metadata_tensors
+from support.dsa_backends import metadata_tensors
 
 CAPTURED = [1, 2, 4]
 MODES = {

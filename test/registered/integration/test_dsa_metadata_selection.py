@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 

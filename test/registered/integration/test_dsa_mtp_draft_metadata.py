@@ -2,7 +2,7 @@
 
 The backends come from SGLang's ``DraftBackendFactory`` in a published EAGLE launch, get their graph
 state from SGLang's ``init_cuda_graph_state`` and are captured and replayed through SGLang's own
-entry points on the CPU (``sglang_dsa_mtp.testing.dsa_backends.CpuDsaServer``: stand-ins, counted,
+entry points on the CPU (``support.dsa_backends.CpuDsaServer``: stand-ins, counted,
 for DeepGEMM's schedule, the top-k v2 plan and FlashMLA's tile metadata). Each replay's buffers are
 poisoned first, and compared whole with what SGLang's own code writes.
 """
@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
@@ -23,9 +23,9 @@ from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
 from sglang_dsa_mtp.integration.state import MultiStepState, state_of
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH
-from sglang_dsa_mtp.testing.constants import POISON
-from sglang_dsa_mtp.testing.dsa_backends import graph_batch, metadata_tensors, poison
-from sglang_dsa_mtp.testing.metadata_cases import kernel_for
+from support.constants import POISON
+from support.dsa_backends import graph_batch, metadata_tensors, poison
+from support.metadata_cases import kernel_for
 
 DECODE = ForwardMode.DECODE
 BS = 3

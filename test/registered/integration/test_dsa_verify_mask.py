@@ -1,7 +1,7 @@
 """The DSA target's QLEN_ONLY, not-read verify mask, on SGLang's real backends and verify path.
 
 The target is built by SGLang's attention registry in a published EAGLE launch and gets its graph
-state from SGLang's ``init_cuda_graph_state`` (``sglang_dsa_mtp.testing.dsa_backends``). The draft
+state from SGLang's ``init_cuda_graph_state`` (``support.dsa_backends``). The draft
 tree is SGLang's own topk=1 chain (``_rebuild_topk1_chain_buffers``). SGLang's CUDA tree kernels are
 JIT-compiled CUDA; here the tree builder, the greedy verify and the cache-location kernels run as
 SGLang's Triton implementations (its XPU path), through Triton's interpreter.
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
@@ -29,7 +29,7 @@ from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
 
 from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.switches import LIVE_WIDTH
-from sglang_dsa_mtp.testing import dsa_backends as kit
+from support import dsa_backends as kit
 
 CONTEXT = 1000
 MAX_BS = 4

@@ -1,7 +1,7 @@
 """A bounded replay-metadata kernel that raises never takes the replay down: SGLang's kernel takes over.
 
 On SGLang's real ``DeepseekSparseAttnBackend`` built, captured and replayed by SGLang's own code on the
-CPU (``sglang_dsa_mtp.testing.dsa_backends``), with one of our kernels swapped for a wrapper that raises at
+CPU (``support.dsa_backends``), with one of our kernels swapped for a wrapper that raises at
 one batch size: that batch size's replays write what SGLang's kernel writes, bit for bit, every buffer
 of the metadata compared with a backend that runs SGLang's kernels; the error is logged once; other
 batch sizes keep ours.
@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
@@ -21,8 +21,8 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_dsa_mtp.integration import dsa_metadata_selection as selection
 from sglang_dsa_mtp.integration.fallback import Fallback, fallback_of
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
-from sglang_dsa_mtp.testing.constants import POISON
-from sglang_dsa_mtp.testing.dsa_backends import metadata_tensors, poison
+from support.constants import POISON
+from support.dsa_backends import metadata_tensors, poison
 
 MODES = {
     "decode": (ForwardMode.DECODE, "target"),

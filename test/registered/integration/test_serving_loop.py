@@ -1,5 +1,5 @@
 """The serving loop: SGLang's real DSA backends serving EAGLE rounds under CUDA graphs, the plugin on
-and off in one process (``sglang_dsa_mtp.testing.serving_loop``, its docstring says what a round is).
+and off in one process (``support.serving_loop``, its docstring says what a round is).
 
 After every replay, every metadata tensor the captured graphs read (``dsa_serving.READ``, checked
 against every tensor of the metadata) equals the off arm's, bit for bit (the compact page table on
@@ -25,17 +25,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.sglang_stubs import install_native_stubs
+from support.sglang_stubs import install_native_stubs
 
 install_native_stubs()  # sgl_kernel, where absent: SGLang imports it at module level, never calls it
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp.testing import dsa_backends as kit
-from sglang_dsa_mtp.testing import dsa_serving, serving_loop
-from sglang_dsa_mtp.testing.constants import POISON
+from support import dsa_backends as kit
+from support import dsa_serving, serving_loop
+from support.constants import POISON
 
 GPU_ROUNDS = 720  # at least 2,000 replays per arm
 CPU_ROUNDS = 6 * serving_loop.MIN_ROUNDS_INJECTED  # ours in 90% of each server's replays

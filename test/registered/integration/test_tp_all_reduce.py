@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dsa_mtp.testing.scripts import has_default, load_script, options_help
+from support.scripts import has_default, load_script, options_help
 
 SCRIPTS = sorted(Path(__file__).parent.rglob("bench_*.py"))
 

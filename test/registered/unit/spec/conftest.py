@@ -1,7 +1,7 @@
 """Fixtures for the greedy-draft argmax exchange on SGLang's real classes, in one CPU process.
 
 ``draft_head(...)`` builds an MTP deployment's LM heads the way SGLang builds them
-(:mod:`sglang_dsa_mtp.testing.deployment`: a checkpoint's quant config, the target's and the NextN
+(:mod:`support.deployment`: a checkpoint's quant config, the target's and the NextN
 draft's ``ParallelLMHead``, the load step, the draft worker's ``init_lm_head`` sharing the target's
 head weight), as TP rank 1 of 2: SGLang's runtime config is published (``override_server_args``)
 and the parallel context names an :class:`EmulatedPeerGroup` as the TP group. The target head loads
@@ -29,9 +29,9 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_partials
-from sglang_dsa_mtp.testing import deployment
-from sglang_dsa_mtp.testing.deployment import reference_logits
-from sglang_dsa_mtp.testing.sglang_import import sglang_runtime_missing
+from support import deployment
+from support.deployment import reference_logits
+from support.sglang_import import sglang_runtime_missing
 
 HIDDEN = 64
 
@@ -284,7 +284,7 @@ class TargetHead:
     def forward(self, processor, hidden: torch.Tensor, logits_buffer=None):
         """SGLang's target-verify ``LogitsProcessor.forward`` of ``processor`` on ``hidden`` (the
         group's peers compute their shards of the same rows)."""
-        from sglang_dsa_mtp.testing.deployment import logits_forward
+        from support.deployment import logits_forward
 
         self.group.hidden = hidden
         return logits_forward(

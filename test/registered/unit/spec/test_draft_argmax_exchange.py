@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
@@ -124,7 +124,7 @@ def sglang_applies_quant_method(head) -> bool:
     return bool(calls)
 
 
-# checkpoint (sglang_dsa_mtp.testing.deployment.CHECKPOINTS) -> the draft head's quant method as SGLang builds it.
+# checkpoint (support.deployment.CHECKPOINTS) -> the draft head's quant method as SGLang builds it.
 PLAIN_MATMUL_HEADS = {
     "unquantized": "UnquantizedEmbeddingMethod",
     "fp8_block": "UnquantizedEmbeddingMethod",

@@ -10,7 +10,7 @@ heads and for a ModelOpt NVFP4 checkpoint's NextN draft head sharing the target'
 side (NCCL and symmetric-memory all-reduce, CUDA graphs) is
 ``kernels/ops/speculative/test_draft_argmax_exchange_tp.py``. The body of each process is
 :func:`exchange_on_off_worker`, here (spawned by ``testing.tp.run_group``, which pickles it by this
-module's name); the heads and their logits path are ``sglang_dsa_mtp.testing.deployment``'s.
+module's name); the heads and their logits path are ``support.deployment``'s.
 """
 
 import contextlib
@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp.testing.deployment import (
+from support.deployment import (
     bits_differ,
     build_draft_worker,
     build_lm_head,
@@ -35,7 +35,7 @@ from sglang_dsa_mtp.testing.deployment import (
     reference_logits,
     sglang_pick,
 )
-from sglang_dsa_mtp.testing.tp import read_reports, run_group, sglang_tp_group, shared_hidden
+from support.tp import read_reports, run_group, sglang_tp_group, shared_hidden
 
 WORLD = 2
 # The quantized checkpoint the TP test deploys: the spec's model's kind, ModelOpt NVFP4, whose NextN

@@ -1,7 +1,7 @@
 """The draft argmax exchange through SGLang's own TP communicators, one all-reduce route at a time.
 
 On two or more CUDA GPUs (one process per GPU, TP size = the visible GPU count), for each route of
-``sglang_dsa_mtp.testing.tp.ROUTES`` (SGLang's custom all-reduce V2 and legacy, torch
+``support.tp.ROUTES`` (SGLang's custom all-reduce V2 and legacy, torch
 symmetric memory, pynccl, pynccl with symmetric memory, each set by SGLang's own server args or
 environment): SGLang builds its real TP group and device communicators, the plugin's hooks are
 applied by SGLang's ``HookRegistry``, and :func:`exchange_routes_worker` (here) checks in CUDA graphs captured
@@ -24,15 +24,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing import tp_routes
-from sglang_dsa_mtp.testing.argmax_cases import (
+from support import tp_routes
+from support.argmax_cases import (
     differences,
     padded_shard_width,
     pick_state,
     reference_pick,
 )
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
-from sglang_dsa_mtp.testing.tp import CPU_ROUTE, GPU_ROUTES, read_reports, run_group, shared_hidden
+from support.sglang_import import require_sglang
+from support.tp import CPU_ROUTE, GPU_ROUTES, read_reports, run_group, shared_hidden
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
     (when engaged) and off, each replay's picks against SGLang's pick from the logits that replay
     produced (all-gathered with SGLang's ``GroupCoordinator.all_gather``)."""
     from sglang_dsa_mtp.integration.draft_argmax_exchange import exchange_state
-    from sglang_dsa_mtp.testing.deployment import (
+    from support.deployment import (
         bits_differ,
         build_lm_head,
         logits_forward,

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
@@ -34,10 +34,10 @@ from sglang_dsa_mtp.integration import eagle_verify_argmax as worker_site
 from sglang_dsa_mtp.integration import verify_argmax_exchange as verify_site
 from sglang_dsa_mtp.integration import vocab_shard_exchange as processor_site
 from sglang_dsa_mtp.switches import VERIFY_ARGMAX_EXCHANGE
-from sglang_dsa_mtp.testing.argmax_cases import make_overlay
-from sglang_dsa_mtp.testing.constants import POISON
-from sglang_dsa_mtp.testing.deployment import bits_differ
-from sglang_dsa_mtp.testing.verify_rounds import (
+from support.argmax_cases import make_overlay
+from support.constants import POISON
+from support.deployment import bits_differ
+from support.verify_rounds import (
     chain_verify_input,
     sglang_verify,
     verify_batch,
@@ -689,7 +689,7 @@ def test_the_kept_shard_and_its_verify_work_under_inference_mode(opted_in, verif
 def test_other_calls_of_an_engaged_target_keep_sglangs_logits(opted_in):
     target, _ = opted_in()
     hidden = hidden_rows(3, 9, torch.bfloat16)
-    from sglang_dsa_mtp.testing.deployment import logits_forward
+    from support.deployment import logits_forward
 
     for mode in ("decode", "draft_extend_v2"):
         target.group.hidden = hidden

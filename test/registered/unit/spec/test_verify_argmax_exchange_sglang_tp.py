@@ -2,7 +2,7 @@
 at a time.
 
 In one process per rank (TP size = the visible GPU count), for each route of
-``sglang_dsa_mtp.testing.tp.ROUTES``: SGLang builds its real TP group and device communicators, the
+``support.tp.ROUTES``: SGLang builds its real TP group and device communicators, the
 plugin's hooks are applied by SGLang's ``HookRegistry``, and :func:`verify_routes_worker` (here)
 builds the target's ``ParallelLMHead`` and two SGLang ``LogitsProcessor``\\ s of it, one opted in to
 the exchange (``verify_argmax_exchange.opt_in``, as the EAGLE worker calls it) and one on SGLang's
@@ -36,10 +36,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing import tp_routes
-from sglang_dsa_mtp.testing.argmax_cases import padded_shard_width
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
-from sglang_dsa_mtp.testing.tp import CPU_ROUTE, GPU_ROUTES, read_reports, run_group, shared_hidden
+from support import tp_routes
+from support.argmax_cases import padded_shard_width
+from support.sglang_import import require_sglang
+from support.tp import CPU_ROUTE, GPU_ROUTES, read_reports, run_group, shared_hidden
 
 STEPS = 4  # EAGLE 4/1/5
 TOKENS = STEPS + 1
@@ -173,7 +173,7 @@ def warm_up_failure_worker(rank: int, world: int, init_method: str, result_dir: 
     gloo TP group, rank 1's second warm-up shard failing; writes ``rank<r>.json``."""
     import logging
 
-    from sglang_dsa_mtp.testing.tp import sglang_tp_group
+    from support.tp import sglang_tp_group
 
     report = dict(rank=rank, warnings=[])
     with sglang_tp_group(rank, world, init_method) as group:
@@ -181,7 +181,7 @@ def warm_up_failure_worker(rank: int, world: int, init_method: str, result_dir: 
 
         from sglang_dsa_mtp.integration import verify_argmax_exchange as site
         from sglang_dsa_mtp.integration import vocab_shard_exchange as shared
-        from sglang_dsa_mtp.testing.deployment import build_lm_head
+        from support.deployment import build_lm_head
 
         handler = logging.Handler()
         handler.emit = lambda record: report["warnings"].append(record.getMessage())
@@ -230,7 +230,7 @@ def _verify(output, raw, verify_input, kinds, vocab, device):
     """SGLang's verify of the first ``raw`` rows, as its graph runner hands them on."""
     import dataclasses
 
-    from sglang_dsa_mtp.testing.verify_rounds import sglang_verify, verify_batch
+    from support.verify_rounds import sglang_verify, verify_batch
 
     batch = verify_batch(kinds, vocab, device=device)
     rows = dataclasses.replace(output, next_token_logits=output.next_token_logits[:raw])
@@ -248,7 +248,7 @@ class _Compiles:
         if self.names is None:
             yield
             return
-        from sglang_dsa_mtp.testing.compiles import count_compiles
+        from support.compiles import count_compiles
 
         with count_compiles() as seen:
             yield
@@ -264,15 +264,15 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
 
     from sglang_dsa_mtp.integration import verify_argmax_exchange as site
     from sglang_dsa_mtp.integration.vocab_shard_exchange import full_logits, kept_shard_of
-    from sglang_dsa_mtp.testing.argmax_cases import reference_pick
-    from sglang_dsa_mtp.testing.constants import POISON
-    from sglang_dsa_mtp.testing.deployment import (
+    from support.argmax_cases import reference_pick
+    from support.constants import POISON
+    from support.deployment import (
         bits_differ,
         build_lm_head,
         logits_forward,
         logits_processor,
     )
-    from sglang_dsa_mtp.testing.verify_rounds import chain_verify_input, verify_batch
+    from support.verify_rounds import chain_verify_input, verify_batch
 
     rank, world = group.rank_in_group, group.world_size
     where = f"vocab {vocab}, {dtype}"
@@ -405,7 +405,7 @@ def _check_routes(group, device, recorder, report) -> None:
     from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
     from sglang_dsa_mtp.integration.vocab_shard_exchange import kept_bytes_per_row
     from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
-    from sglang_dsa_mtp.testing.verify_rounds import verify_kernels_in_triton
+    from support.verify_rounds import verify_kernels_in_triton
 
     sizes = CPU_SIZES if report["route"] == CPU_ROUTE else GPU_SIZES
     world = group.world_size

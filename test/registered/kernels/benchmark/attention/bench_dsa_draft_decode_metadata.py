@@ -45,6 +45,11 @@ launch.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
 import traceback
 
 import torch
@@ -52,7 +57,7 @@ import triton
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.kernels.ops.host import default_budget
-from sglang_dsa_mtp.testing.bench_cli import (
+from support.bench_cli import (
     add_mixed_argument,
     add_timing_arguments,
     batch_lengths,
@@ -68,13 +73,13 @@ from sglang_dsa_mtp.testing.bench_cli import (
     variant_name,
     write_json,
 )
-from sglang_dsa_mtp.testing.constants import WIDTH_1M
-from sglang_dsa_mtp.testing.metadata_cases import (
+from support.constants import WIDTH_1M
+from support.metadata_cases import (
     make_case,
     run_draft_decode_multi,
     run_stock_draft_decode,
 )
-from sglang_dsa_mtp.testing.timing import (
+from support.timing import (
     copy_bandwidth_bytes_per_us,
     cuda_graph_time_us,
     launch_floor_us,

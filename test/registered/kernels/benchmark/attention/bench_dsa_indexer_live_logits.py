@@ -42,6 +42,11 @@ docs/indexer-cliff.md) plus one for the draft extend of the NextN layer, which h
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
 
 from sglang_dsa_mtp.devices import select_device
 
@@ -51,8 +56,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live  # noqa: E402
-from sglang_dsa_mtp.testing import indexer_cases as cases  # noqa: E402
-from sglang_dsa_mtp.testing.bench_cli import (  # noqa: E402
+from support import indexer_cases as cases  # noqa: E402
+from support.bench_cli import (  # noqa: E402
     add_timing_arguments,
     benchmark_parser,
     markdown_header,
@@ -64,8 +69,8 @@ from sglang_dsa_mtp.testing.bench_cli import (  # noqa: E402
     variant_name,
     write_json,
 )
-from sglang_dsa_mtp.testing.constants import WIDTH_1M  # noqa: E402
-from sglang_dsa_mtp.testing.timing import (  # noqa: E402
+from support.constants import WIDTH_1M  # noqa: E402
+from support.timing import (  # noqa: E402
     copy_bandwidth_bytes_per_us,
     cuda_graph_time_us,
     graph_pool_peak_bytes,

@@ -47,10 +47,15 @@ table's ``one launch``, which ``ours / one launch`` divides by).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
 import functools
 import importlib.util
 import json
-import sys
 import time
 
 from sglang_dsa_mtp.devices import select_device
@@ -67,7 +72,7 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
 )
 from sglang_dsa_mtp.kernels.ops.host import default_budget
 from sglang_dsa_mtp.kernels.ops.launch import bind
-from sglang_dsa_mtp.testing.bench_cli import (
+from support.bench_cli import (
     add_mixed_argument,
     add_timing_arguments,
     batch_lengths,
@@ -83,15 +88,15 @@ from sglang_dsa_mtp.testing.bench_cli import (
     variant_name,
     write_json,
 )
-from sglang_dsa_mtp.testing.constants import SMALL_WIDTH, WIDTH_1M
-from sglang_dsa_mtp.testing.metadata_cases import (
+from support.constants import SMALL_WIDTH, WIDTH_1M
+from support.metadata_cases import (
     draft_decode_multi_kwargs,
     kernel_for,
     make_case,
     run_stock_draft_decode,
     stock_scratch,
 )
-from sglang_dsa_mtp.testing.timing import (
+from support.timing import (
     copy_bandwidth_bytes_per_us,
     cuda_graph_time_us,
     host_times_us,

@@ -3,7 +3,7 @@ serving loop's checks, then SGLang's whole replay-metadata call, the graph state
 EAGLE worker's verify input, each measured on both arms.
 
 Reproduces the tables "Serving slice" of docs/results.md on the GPU at hand: the serving loop
-(``sglang_dsa_mtp.testing.serving_loop``: bit identity after every replay, Triton compiles after
+(``support.serving_loop``: bit identity after every replay, Triton compiles after
 capture, injected failures); host microseconds of SGLang's ``init_forward_metadata_out_graph`` per op
 and captured batch size; ``torch.cuda.memory_allocated`` after ``init_cuda_graph_state`` and after
 capture, and each arm's graph pool, at max bs 16 and 48, beside the meta-device computation of
@@ -11,7 +11,7 @@ capture, and each arm's graph pool, at max bs 16 and 48, beside the meta-device 
 size.
 
 Everything runs SGLang 0.5.23's own classes through its own constructors and graph-runner calls
-(``sglang_dsa_mtp.testing.dsa_serving``, whose docstring names the stand-ins for what a CUDA
+(``support.dsa_serving``, whose docstring names the stand-ins for what a CUDA
 machine without SGLang's native packages lacks: ``sgl_kernel`` stubbed, DeepGEMM's schedule and SM count, SGLang's JIT top-k plan, FlashMLA's
 tile metadata and SGLang's JIT metadata copies, and for the verify input SGLang's JIT tree builder).
 The arms: the kill switches ``SGLANG_DSA_BOUNDED_REPLAY_METADATA`` and ``SGLANG_DSA_LIVE_WIDTH`` both
@@ -33,7 +33,7 @@ on (the plugin) and both off (SGLang's own paths).
   batch size of SGLang's capture list for EAGLE 3/1/4 captured as its target-verify runner captures
   (largest first, one pool, SGLang's shared fp32 logits buffer, each graph's output kept), at TP 1
   and at a TP-8 rank's shard width (emulated on one GPU by a TP-1 model of 19,360 columns:
-  ``sglang_dsa_mtp.testing.verify_logits_memory``): ``memory_allocated`` after capture, the graph
+  ``support.verify_logits_memory``): ``memory_allocated`` after capture, the graph
   pool and the peak, for the target-verify exchange off, on, and the positive control (the shard
   allocated in each capture, as the exchange first kept it); retained bytes beyond stock as a row.
 * Verify input: SGLang's ``build_eagle_verify_input`` for a topk=1 chain draft against each arm's
@@ -48,10 +48,14 @@ on (the plugin) and both off (SGLang's own paths).
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
+import statistics
+import time
 
 from sglang_dsa_mtp.devices import select_device
 
@@ -59,13 +63,13 @@ DEVICE = select_device()  # before any kernel module is imported (sets TRITON_IN
 
 import torch  # noqa: E402
 
-from sglang_dsa_mtp.testing.bench_cli import (  # noqa: E402
+from support.bench_cli import (  # noqa: E402
     benchmark_parser,
     markdown_header,
     markdown_row,
     write_json,
 )
-from sglang_dsa_mtp.testing.constants import CONTEXT_1M  # noqa: E402
+from support.constants import CONTEXT_1M  # noqa: E402
 
 LAUNCH_NAMES = ("3/1/4", "4/1/5", "5/1/6")
 MB = 1e6
@@ -155,7 +159,7 @@ def sync() -> None:
 
 
 def print_loop(report, sizes) -> None:
-    from sglang_dsa_mtp.testing import dsa_serving, serving_loop
+    from support import dsa_serving, serving_loop
 
     print(
         f"## Serving loop: {report.replays:,} replays per arm, context {sizes.context:,}, "
@@ -222,8 +226,8 @@ def print_loop(report, sizes) -> None:
 def build_pair(name: str, sizes, captured, *, seeded: bool = True) -> dict:
     """The two arms of one server, off then on, each built and captured (graphs without read-back
     outputs), its allocations counted from just before it was built."""
-    from sglang_dsa_mtp.testing import dsa_serving
-    from sglang_dsa_mtp.testing.dsa_backends import LAUNCHES
+    from support import dsa_serving
+    from support.dsa_backends import LAUNCHES
 
     tokens = LAUNCHES[name][2]
     req_to_token = torch.zeros(
@@ -253,8 +257,8 @@ def meta_bytes(server_args, sizes, switch: str) -> int:
     """The graph state's bytes computed on the meta device (``benchmark/live_width_memory.py``)."""
     import logging
 
-    from sglang_dsa_mtp.testing import dsa_serving
-    from sglang_dsa_mtp.testing.scripts import load_script
+    from support import dsa_serving
+    from support.scripts import load_script
 
     computed = load_script(LIVE_WIDTH_MEMORY)
     plugin_log = logging.getLogger("sglang_dsa_mtp")
@@ -283,7 +287,7 @@ def measure_memory(name: str, sizes, captured, server_args) -> dict:
 
 
 def measure_host_time(arms: dict, captured, tokens: int, calls: int, live: int) -> list[dict]:
-    from sglang_dsa_mtp.testing import dsa_serving
+    from support import dsa_serving
 
     rows = []
     for op in dsa_serving.OPS:
@@ -309,7 +313,7 @@ def measure_host_time(arms: dict, captured, tokens: int, calls: int, live: int) 
 
 
 def measure_verify_input(arms: dict, steps: int, batch_sizes, calls: int, live: int) -> list[dict]:
-    from sglang_dsa_mtp.testing import dsa_serving
+    from support import dsa_serving
 
     rows = []
     req_to_token = arms["on"].target.req_to_token
@@ -403,7 +407,7 @@ def measure_verify_logits(max_bs_list, monkeypatch) -> list[dict]:
     """Every arm's figures (bytes) per max bs and width of the verify logits memory."""
     import dataclasses
 
-    from sglang_dsa_mtp.testing import verify_logits_memory
+    from support import verify_logits_memory
 
     records = []
     for max_bs in max_bs_list:
@@ -505,9 +509,9 @@ def main(argv=None) -> int:
     import pytest
     import triton
 
-    from sglang_dsa_mtp.testing import dsa_serving, serving_loop
-    from sglang_dsa_mtp.testing.dsa_backends import LAUNCHES
-    from sglang_dsa_mtp.testing.sglang_import import sglang_version
+    from support import dsa_serving, serving_loop
+    from support.dsa_backends import LAUNCHES
+    from support.sglang_import import sglang_version
 
     timed = not args.dry_run
     if timed:

@@ -25,6 +25,12 @@ launcher that does nothing (``testing.launch_stubs``): the Python of our call, w
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
 import argparse
 import functools
 import inspect
@@ -41,11 +47,11 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     fused_dsa_draft_decode_metadata_multi,
 )
 from sglang_dsa_mtp.kernels.ops.launch import bind
-from sglang_dsa_mtp.testing.bench_cli import markdown_header, markdown_row, parse_list
-from sglang_dsa_mtp.testing.constants import SMALL_WIDTH, WIDTH_1M
-from sglang_dsa_mtp.testing.launch_stubs import ALL_PLANS, Patches, planned_on_cpu
-from sglang_dsa_mtp.testing.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
-from sglang_dsa_mtp.testing.timing import written_call
+from support.bench_cli import markdown_header, markdown_row, parse_list
+from support.constants import SMALL_WIDTH, WIDTH_1M
+from support.launch_stubs import ALL_PLANS, Patches, planned_on_cpu
+from support.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
+from support.timing import written_call
 
 OPS = ("decode", "verify", "draft_extend", "mtp")
 PARTS = ("key", "lookup", "plan launch", "launcher", "Triton's launcher")

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="the plot needs matplotlib (the bench extra)")
 
-from sglang_dsa_mtp.testing.scripts import load_script
+from support.scripts import load_script
 
 HERE = Path(__file__).parent
 SWEEP = HERE / "fixtures" / "replay-metadata-sweep.json"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.scripts import load_script
+from support.scripts import load_script
 
 HERE = Path(__file__).parent
 bench = load_script(HERE / "bench_dsa_metadata_bounded.py")

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.sglang_stubs import install_native_stubs
+from support.sglang_stubs import install_native_stubs
 
 install_native_stubs()  # sgl_kernel, where absent: SGLang imports it at module level, never calls it
 
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp.testing.scripts import load_script
+from support.scripts import load_script
 
 bench = load_script(Path(__file__).parent / "bench_dsa_serving_slice.py")
 

@@ -29,6 +29,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
+
 import torch
 
 from sglang_dsa_mtp.devices import select_device
@@ -36,14 +40,14 @@ from sglang_dsa_mtp.devices import select_device
 DEVICE = select_device()  # before any kernel module is imported: on a CPU, Triton's interpreter
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap  # noqa: E402
-from sglang_dsa_mtp.testing.argmax_cases import VOCAB, padded_shard_width  # noqa: E402
-from sglang_dsa_mtp.testing.bench_cli import (  # noqa: E402
+from support.argmax_cases import VOCAB, padded_shard_width  # noqa: E402
+from support.bench_cli import (  # noqa: E402
     benchmark_parser,
     markdown_header,
     markdown_row,
     write_json,
 )
-from sglang_dsa_mtp.testing.scripts import load_script  # noqa: E402
+from support.scripts import load_script  # noqa: E402
 
 DRAFT_ROWS = (1, 2, 4, 8, 16)
 VERIFY_ROWS = (5, 20, 24, 80, 96, 240, 288)
@@ -141,7 +145,7 @@ def main(argv=None) -> int:
     if timed:
         import triton
 
-        from sglang_dsa_mtp.testing.timing import floors_text, graph_floors, interleaved_graphs_us
+        from support.timing import floors_text, graph_floors, interleaved_graphs_us
 
         floors = graph_floors()
         where = (

@@ -39,9 +39,14 @@ the spread of two more medians (the all-reduce alone is the noisiest arm). Befor
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
 import json
 import os
-import sys
 import traceback
 
 import torch
@@ -49,17 +54,17 @@ import torch.distributed as dist
 import triton
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
-from sglang_dsa_mtp.testing import argmax_cases as cases
-from sglang_dsa_mtp.testing import tp
-from sglang_dsa_mtp.testing.bench_cli import (
+from support import argmax_cases as cases
+from support import tp
+from support.bench_cli import (
     benchmark_parser,
     markdown_header,
     markdown_row,
     parse_list,
     tunables,
 )
-from sglang_dsa_mtp.testing.reference import topk1_module
-from sglang_dsa_mtp.testing.timing import capture_graph
+from support.reference import topk1_module
+from support.timing import capture_graph
 
 COMMS = ("nccl", "symm_mem")
 TARGET_US = 5.0

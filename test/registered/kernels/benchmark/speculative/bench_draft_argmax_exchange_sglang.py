@@ -36,6 +36,11 @@ Needs SGLang's Python dependencies (``source test/gpu_sglang_env.sh``) and two o
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
 
 import torch
 
@@ -43,8 +48,8 @@ from sglang_dsa_mtp.devices import select_device
 
 select_device()  # before any kernel module is imported: on a CPU (--dry-run), Triton's interpreter
 
-from sglang_dsa_mtp.testing import argmax_cases as cases  # noqa: E402
-from sglang_dsa_mtp.testing import tp_routes  # noqa: E402
+from support import argmax_cases as cases  # noqa: E402
+from support import tp_routes  # noqa: E402
 
 DRY_RUN = dict(vocab=1001, hidden=64, rows=[1, 3])
 
@@ -58,7 +63,7 @@ class DraftStep(tp_routes.LmHeadArms):
 
     def step(self, name):
         """SGLang's draft-decode forward and greedy pick with processor ``name``."""
-        from sglang_dsa_mtp.testing.deployment import logits_forward, sglang_pick
+        from support.deployment import logits_forward, sglang_pick
 
         output = logits_forward(self.processors[name], self.lm_head, self.hidden, mode="decode")
         return sglang_pick(output, "decode", self.positions, self.draft_tokens)["topk_index"]
@@ -70,7 +75,7 @@ def bench_route(rank, world, init_method, args, route, result_file):
     def measure(group, device, report):
         from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
         from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
-        from sglang_dsa_mtp.testing.deployment import build_lm_head, logits_processor
+        from support.deployment import build_lm_head, logits_processor
 
         lm_head, gather, _ = build_lm_head(
             args.vocab, args.hidden, dtype=torch.bfloat16, seed=1000, device=device

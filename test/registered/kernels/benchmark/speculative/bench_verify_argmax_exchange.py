@@ -34,6 +34,11 @@ the table. ``gather MB``: the bf16 logits one rank receives per round at TP n,
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
 
 import torch
 
@@ -42,8 +47,8 @@ from sglang_dsa_mtp.devices import select_device
 DEVICE = select_device()  # before any kernel module is imported: on a CPU, Triton's interpreter
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap  # noqa: E402
-from sglang_dsa_mtp.testing.argmax_cases import HIDDEN, VOCAB, padded_shard_width  # noqa: E402
-from sglang_dsa_mtp.testing.bench_cli import (  # noqa: E402
+from support.argmax_cases import HIDDEN, VOCAB, padded_shard_width  # noqa: E402
+from support.bench_cli import (  # noqa: E402
     benchmark_parser,
     markdown_header,
     markdown_row,
@@ -80,7 +85,7 @@ class Round:
     """One verify round's tensors at ``rows`` rows and every arm's body."""
 
     def __init__(self, weight: torch.Tensor, rows: int, vocab: int, seed: int):
-        from sglang_dsa_mtp.testing.reference import softcap_module
+        from support.reference import softcap_module
 
         generator = torch.Generator().manual_seed(seed)
         device = weight.device
@@ -175,7 +180,7 @@ def main(argv=None) -> int:
     weight = weight.to(DEVICE)
     floors = {}
     if timed:
-        from sglang_dsa_mtp.testing.timing import floors_text, graph_floors, interleaved_graphs_us
+        from support.timing import floors_text, graph_floors, interleaved_graphs_us
 
         floors = graph_floors()
         where = f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {floors_text(floors)}"

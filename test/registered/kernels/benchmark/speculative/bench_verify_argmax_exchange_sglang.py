@@ -39,6 +39,11 @@ CI runs it (``test_bench_verify_argmax_exchange.py``).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
 
 import torch
 
@@ -46,7 +51,7 @@ from sglang_dsa_mtp.devices import select_device
 
 select_device()  # before any kernel module is imported: on a CPU (--dry-run), Triton's interpreter
 
-from sglang_dsa_mtp.testing import tp_routes  # noqa: E402
+from support import tp_routes  # noqa: E402
 
 DRY_RUN = dict(vocab=1001, hidden=64, bs=[1, 3])
 
@@ -63,7 +68,7 @@ class VerifyRound(tp_routes.LmHeadArms):
         }
 
     def forward(self, name):
-        from sglang_dsa_mtp.testing.deployment import logits_forward
+        from support.deployment import logits_forward
 
         return logits_forward(
             self.processors[name],
@@ -93,7 +98,7 @@ def bench_route(rank, world, init_method, args, route, result_file):
         from sglang.srt.runtime_context import get_schedule, get_spec
 
         from sglang_dsa_mtp.integration import verify_argmax_exchange as site
-        from sglang_dsa_mtp.testing.deployment import build_lm_head, logits_processor
+        from support.deployment import build_lm_head, logits_processor
 
         eagle = dict(
             speculative_algorithm="EAGLE",

@@ -4,7 +4,7 @@ the chain-tree path the plugin's QLEN_ONLY, not-read verify mask opens (``SGLANG
 Reproduces the table "Verify tree mask" of docs/results.md on the GPU at hand: EAGLE 4/1/5 and
 5/1/6 (topk 1), bs 1 / 4 / 16 / 48, a 1M-token context, every request at ``--live`` tokens.
 
-Arms (``sglang_dsa_mtp.testing.verify_tree``, SGLang's kernels loaded from its files):
+Arms (``support.verify_tree``, SGLang's kernels loaded from its files):
 
 * ``stock``: what SGLang 0.5.23 runs today for a DSA target, which has no verify mask and no
   ``seq_lens_sum``: ``build_tree_kernel_efficient`` allocates and ``torch.full``s a FULL_MASK of
@@ -34,12 +34,17 @@ Both arms' outputs are checked equal first (``verify_tree.differences``). Figure
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
 
 import torch
 
 from sglang_dsa_mtp.devices import select_device
-from sglang_dsa_mtp.testing.bench_cli import benchmark_parser
-from sglang_dsa_mtp.testing.constants import CONTEXT_1M
+from support.bench_cli import benchmark_parser
+from support.constants import CONTEXT_1M
 
 LAUNCHES = {"4/1/5": 4, "5/1/6": 5}  # EAGLE steps/topk/draft tokens -> steps
 MAX_BS = 48  # SGLang's running-request cap in spec mode: the preallocated mask's max bs
@@ -80,7 +85,7 @@ def build_parser():
 
 
 def make_draft(steps: int, bs: int, context: int, live: int, device):
-    from sglang_dsa_mtp.testing.verify_tree import chain_draft
+    from support.verify_tree import chain_draft
 
     return chain_draft(
         [min(live, context - steps - 1)] * bs,
@@ -101,13 +106,13 @@ def main(argv=None) -> int:
     elif device.type != "cuda":
         print("needs a CUDA GPU (or --dry-run)", file=sys.stderr)
         return 2
-    from sglang_dsa_mtp.testing.timing import (
+    from support.timing import (
         copy_bandwidth_bytes_per_us,
         cuda_graph_time_us,
         host_times_us,
         launch_floor_us,
     )
-    from sglang_dsa_mtp.testing.verify_tree import (
+    from support.verify_tree import (
         chain_verify,
         differences,
         full_mask_numel,

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
-from sglang_dsa_mtp.testing.scripts import load_script
+from support.scripts import load_script
 
 HERE = Path(__file__).parent
 

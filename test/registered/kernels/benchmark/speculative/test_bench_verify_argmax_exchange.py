@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.scripts import load_script
-from sglang_dsa_mtp.testing.sglang_import import require_sglang
+from support.scripts import load_script
+from support.sglang_import import require_sglang
 
 HERE = Path(__file__).parent
 

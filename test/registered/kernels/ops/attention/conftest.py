@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
-from sglang_dsa_mtp.testing.constants import WIDTH_1M
-from sglang_dsa_mtp.testing.launch_stubs import ALL_PLANS, planned_on_cpu
+from support.constants import WIDTH_1M
+from support.launch_stubs import ALL_PLANS, planned_on_cpu
 
 
 @pytest.fixture(params=[128, common.TILE_N], ids=["tile128", f"tile{common.TILE_N}-default"])

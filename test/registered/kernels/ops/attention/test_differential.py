@@ -1,5 +1,5 @@
 """Differential tests: every replay-metadata kernel against SGLang 0.5.23's own, compiled, on seeded
-random cases (``sglang_dsa_mtp/testing/differential.py``), whole poisoned buffers, at every budget.
+random cases (``test/support/differential.py``), whole poisoned buffers, at every budget.
 
 Triton's interpreter does not compile a kernel, so it cannot see a fault of the compiled code: these
 run on a CUDA GPU (``bash test/run_gpu.sh``), once for each Triton the plugin runs with. Each case
@@ -14,8 +14,8 @@ checked, and one small case of each form runs through the interpreter.
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.constants import WIDTH_1M
-from sglang_dsa_mtp.testing.differential import (
+from support.constants import WIDTH_1M
+from support.differential import (
     FORMS,
     FORMS_PADDED,
     POOL_ROWS,
@@ -24,7 +24,7 @@ from sglang_dsa_mtp.testing.differential import (
     random_case,
     written_rows,
 )
-from sglang_dsa_mtp.testing.metadata_cases import run_draft_decode_multi
+from support.metadata_cases import run_draft_decode_multi
 
 SEEDS = range(32)
 PADDED_SEEDS = range(100, 116)

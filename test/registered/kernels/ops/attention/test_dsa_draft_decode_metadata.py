@@ -32,8 +32,8 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
 )
-from sglang_dsa_mtp.testing.constants import POISON, SMALL_WIDTH, WIDTH_1M
-from sglang_dsa_mtp.testing.metadata_cases import (
+from support.constants import POISON, SMALL_WIDTH, WIDTH_1M
+from support.metadata_cases import (
     SMALL_TOPK,
     STRIDING_LENGTHS,
     STRIDING_WIDTH,

@@ -12,8 +12,8 @@ import triton
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import bounded_num_programs
 from sglang_dsa_mtp.kernels.ops.host import default_budget
-from sglang_dsa_mtp.testing.constants import POISON, SMALL_WIDTH, WIDTH_1M
-from sglang_dsa_mtp.testing.metadata_cases import (
+from support.constants import POISON, SMALL_WIDTH, WIDTH_1M
+from support.metadata_cases import (
     OPS,
     SMALL_TOPK,
     STRIDING_LENGTHS,

@@ -15,8 +15,8 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 from sglang_dsa_mtp.kernels.ops.host import default_budget
-from sglang_dsa_mtp.testing import indexer_cases as cases
-from sglang_dsa_mtp.testing.timing import capture_graph
+from support import indexer_cases as cases
+from support.timing import capture_graph
 
 CPU = torch.device("cpu")
 POISON = float("nan")  # every output starts with it; a NaN never compares bit-equal by accident

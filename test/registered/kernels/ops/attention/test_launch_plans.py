@@ -21,7 +21,7 @@ from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import bounded_num_programs
 from sglang_dsa_mtp.kernels.ops.launch import LaunchPlans, bind
-from sglang_dsa_mtp.testing.metadata_cases import (
+from support.metadata_cases import (
     SMALL_TOPK,
     STRIDING_LENGTHS,
     STRIDING_WIDTH,

@@ -20,9 +20,9 @@ from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
 from sglang_dsa_mtp.kernels.ops.launch import warm_up
-from sglang_dsa_mtp.testing.compiles import count_compiles, forget_compiled
-from sglang_dsa_mtp.testing.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
-from sglang_dsa_mtp.testing.reference import metadata_module
+from support.compiles import count_compiles, forget_compiled
+from support.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
+from support.reference import metadata_module
 
 # Batch sizes from SGLang's default capture list: every power-of-two class our kernels specialize on
 # (the request count, and the expanded rows of verify and draft extend) up to 64.

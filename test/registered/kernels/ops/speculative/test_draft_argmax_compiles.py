@@ -6,7 +6,7 @@ compiled variants forgotten first (as in a fresh server process), ``warm_up`` co
 and then every launch the call sites make for every captured batch size (the partials of every TP
 rank per logits dtype; the draft decode finalize with positions and each draft-token column, and
 without draft tokens; the draft extend finalize with the ``propagate`` rule on the replay's rows)
-compiles nothing, counted through Triton's post-compile hook (``sglang_dsa_mtp.testing.compiles``).
+compiles nothing, counted through Triton's post-compile hook (``support.compiles``).
 The interpreter compiles nothing, so these are GPU tests only.
 """
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
-from sglang_dsa_mtp.testing.argmax_cases import VOCAB, padded_shard_width
-from sglang_dsa_mtp.testing.compiles import count_compiles, forget_compiled
+from support.argmax_cases import VOCAB, padded_shard_width
+from support.compiles import count_compiles, forget_compiled
 
 # SGLang 0.5.23's draft graph batch sizes with speculative decoding and
 # --cuda-graph-max-bs-decode 32 (generate_decode_cuda_graph_batch_sizes).

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
-from sglang_dsa_mtp.testing.argmax_cases import (
+from support.argmax_cases import (
     HIDDEN,
     VOCAB,
     check_pick,
@@ -47,8 +47,8 @@ from sglang_dsa_mtp.testing.argmax_cases import (
     sum_buffers,
     sum_orders,
 )
-from sglang_dsa_mtp.testing.timing import capture_graph
-from sglang_dsa_mtp.testing.tp import (
+from support.timing import capture_graph
+from support.tp import (
     ArmUnavailable,
     all_gather_flat,
     all_gather_last_dim,

@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
-from sglang_dsa_mtp.testing import argmax_cases as cases
-from sglang_dsa_mtp.testing.constants import POISON
-from sglang_dsa_mtp.testing.reference import topk1_module
-from sglang_dsa_mtp.testing.timing import capture_graph
+from support import argmax_cases as cases
+from support.constants import POISON
+from support.reference import topk1_module
+from support.timing import capture_graph
 
 CPU = torch.device("cpu")
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float32, id="fp32")]

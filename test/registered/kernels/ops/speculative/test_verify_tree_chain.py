@@ -1,7 +1,7 @@
 """On the GPU: the verify inputs SGLang's fused chain-tree path gives a DSA target with the plugin's
 QLEN_ONLY mask equal those of today's FULL_MASK path, at the spec's 1M-token context.
 
-``sglang_dsa_mtp.testing.verify_tree``: SGLang's ``build_chain_tree`` into a preallocated QLEN_ONLY mask
+``support.verify_tree``: SGLang's ``build_chain_tree`` into a preallocated QLEN_ONLY mask
 against SGLang's FULL_MASK sequence (the ``torch.full`` mask, its tree builder, and the verify cache
 locations of ``assign_extend_cache_locs_uniform_func``), SGLang's kernels loaded from its files. The
 draft tokens, positions, ``retrieve_*`` arrays, cache locations (dtype included) and the tree cells of
@@ -13,8 +13,8 @@ real ``build_eagle_verify_input`` (``test/registered/integration/test_dsa_verify
 import pytest
 import torch
 
-from sglang_dsa_mtp.testing.constants import CONTEXT_1M
-from sglang_dsa_mtp.testing.verify_tree import (
+from support.constants import CONTEXT_1M
+from support.verify_tree import (
     chain_draft,
     chain_verify,
     differences,

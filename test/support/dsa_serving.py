@@ -1,0 +1,688 @@
+"""One EAGLE server's DSA attention backends as a server process holds them, on a CUDA GPU or the
+CPU: built by SGLang 0.5.23's own constructors, graph state sized by its ``init_cuda_graph_state``,
+every batch size SGLang captures captured and replayed through the calls its graph runners make,
+with the plugin on and off side by side (the serving loop on top: ``serving_loop``).
+
+What runs is SGLang's code with the plugin's hooks applied by SGLang's plugin loader
+(:func:`~support.dsa_backends.load_plugin`), minus the model. The stand-ins, on every
+device, are only for what a GPU machine without SGLang's native dependencies lacks
+(:func:`~support.dsa_backends.cuda_stand_ins` installs them, each a deterministic torch
+function of its inputs):
+
+- ``sgl_kernel`` (imported by SGLang at module level, never called here): stubbed where it is not
+  installed (:mod:`~support.sglang_stubs`; :func:`prepare` installs the stubs);
+- DeepGEMM's paged-MQA schedule (``get_paged_mqa_logits_metadata``) and SM count;
+- SGLang's JIT top-k v2 plan (``plan_topk_v2``) and FlashMLA's tile metadata;
+- SGLang's JIT metadata copies (``fused_metadata_copy_cuda`` / ``_multi_cuda``): they raise, so
+  SGLang's draft decode takes its own fallback, torch copies with every step's plans refreshed;
+- for the verify input only, SGLang's CUDA tree builder (a JIT build): its Triton builder (SGLang's
+  XPU path, the same tree), as in ``verify_tree``.
+
+Off a GPU, besides (``cuda_stand_ins``): the device capability, ``is_cuda``, and SGLang's
+replay-metadata kernels from its files with the ``is_cuda`` asserts compiled out (Triton's
+interpreter runs them and ours).
+
+The pieces:
+
+- :class:`Sizes` (:data:`GPU_SIZES`, :func:`cpu_sizes`): the context, the max batch size
+  (``--cuda-graph-max-bs-decode`` and ``--max-running-requests``), the request slots, the index top-k;
+- :func:`launch` publishes the EAGLE launch to SGLang's runtime context and resolves the batch
+  sizes SGLang captures for it (SGLang's ``generate_decode_cuda_graph_batch_sizes`` as its server
+  args resolve them, filtered by the graph runners' ``get_batch_sizes_to_capture``);
+- :class:`Graphs`: one ``torch.cuda.CUDAGraph`` per batch size and runner, captured as SGLang's full
+  graph backend captures (two eager warm-ups, then ``torch.cuda.graph`` on the capture stream into one
+  pool); on the CPU the capture calls the body and a replay calls it again;
+- :class:`Runner`: one of SGLang's graph runners as the attention backend sees it (the target's
+  verify runner, the draft-extend runner, the draft-decode runner): its static input buffers, the
+  forward batch it hands ``init_forward_metadata_out_graph`` at capture and at each replay (padded
+  to the captured batch size as it pads), and a graph whose body is the runner's
+  ``init_forward_metadata_in_graph`` followed by a stand-in for the model: it copies every metadata
+  tensor SGLang's attention reads (:data:`READ`) into outputs that outlive the graph, so that what
+  is compared after a replay is what a captured graph read;
+- :class:`Arm`: the target, draft-extend and multi-step backends of one server with the plugin's
+  kill switches set one way (:data:`ON`, :data:`OFF`), each arm with its own graphs;
+- :func:`differences`: what differs between the two arms' reads of one replay, bit for bit.
+
+A request slot's ``req_to_token`` row is shared by both arms (SGLang's kernels and ours only read it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import os
+import time
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+
+from support import dsa_backends as kit
+from support.constants import CONTEXT_1M
+from support.reference import metadata_module
+from support.sglang_stubs import install_native_stubs
+
+BOUNDED_ENV, LIVE_ENV = "SGLANG_DSA_BOUNDED_REPLAY_METADATA", "SGLANG_DSA_LIVE_WIDTH"
+ON = {BOUNDED_ENV: "1", LIVE_ENV: "1"}  # the plugin's defaults
+OFF = {BOUNDED_ENV: "0", LIVE_ENV: "0"}  # both kill switches: SGLang's own paths
+OPS = ("target verify", "draft extend", "draft decode")
+FILL = 1  # DSA's get_cuda_graph_seq_len_fill_value: the seq_len of a padded graph row
+# The tensors of a batch size's DSAMetadata that the captured forward reads, compared whole
+# (``real_page_table``: the 128-column blocks SGLang's kernels write, see ``differences``). Each must
+# be a tensor on both arms, and every tensor of the metadata must be here or in UNREAD
+# (``metadata_reads``).
+READ = (
+    "cache_seqlens_int32",
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "real_page_table",
+    "dsa_cache_seqlens_int32",
+    "dsa_cu_seqlens_q",
+    "dsa_cu_seqlens_k",
+    "dsa_seqlens_expanded",
+    "flashmla_metadata.num_splits",
+    "flashmla_metadata.flashmla_metadata",
+    "paged_mqa_schedule_metadata",
+    "paged_mqa_ctx_lens_2d",
+    "topk_v2_plan",
+)
+# The metadata's tensors that no captured forward of this path reads, and why.
+UNREAD = {
+    "page_table_1": "nothing on this path reads it (SGLang's own drop condition, docs/switches.md); "
+    "the plugin drops it",
+}
+# SGLang 0.5.23's replay-metadata kernels write a row's page-table entries in blocks of this many
+# token columns (their ``block_n``): every entry of token columns ``c < 128 * cdiv(kv_len, 128)``
+# (and below the table's width), nothing past them.
+SGLANG_BLOCK_N = 128
+# The host-side fields of the metadata, compared after capture.
+STATIC = ("page_size", "max_seq_len_q", "max_seq_len_k", "dsa_extend_seq_lens_list")
+# What only the indexer reads: seeded draft steps (GLM-5 with index share) run no indexer, and the
+# plugin's one launch leaves these untouched there while SGLang refreshes them.
+INDEXER_PLANS = ("paged_mqa_schedule_metadata", "topk_v2_plan", "paged_mqa_ctx_lens_2d")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """The server the slice stands for."""
+
+    device: torch.device
+    context: int  # --context-length
+    max_bs: int  # --cuda-graph-max-bs-decode = --max-running-requests
+    pool: int  # request slots (req_to_token rows); slot 0 is SGLang's padding slot, all zeros
+    index_topk: int  # the model's index top-k (GLM-5: 2048)
+    long_from: int  # a request past this many tokens is "long"
+    page_size: int = 64
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+
+GPU_SIZES = Sizes(
+    device=torch.device("cuda"),
+    context=CONTEXT_1M,
+    max_bs=48,
+    pool=2 * 48 + 1,
+    index_topk=2048,
+    long_from=64 * 1024,
+)
+
+
+def cpu_sizes(max_bs: int = 5) -> Sizes:
+    """The CPU form: a 128-token context (tables 136 to 138 columns: two 128-column blocks, the
+    second partial, three pages), SGLang's capture list up to ``max_bs`` (1 .. 5 by default: room
+    for the serving loop's four distinct fault victims below the largest), an index top-k of 48
+    (below most lengths, so that SGLang's ``min(length, top-k)`` clips), "long" past 32 tokens."""
+    return Sizes(
+        device=torch.device("cpu"),
+        context=128,
+        max_bs=max_bs,
+        pool=2 * max_bs + 1,
+        index_topk=48,
+        long_from=32,
+    )
+
+
+def prepare(monkeypatch, device: torch.device) -> kit.StandIns:
+    """Before a slice is built, once per test or run: ``sgl_kernel`` stubbed where absent, the
+    plugin loaded by SGLang's plugin loader, the stand-ins installed (all undone with
+    ``monkeypatch``, but the hooks: see ``load_plugin``)."""
+    install_native_stubs()
+    kit.load_plugin(monkeypatch)
+    return kit.cuda_stand_ins(monkeypatch)
+
+
+@contextlib.contextmanager
+def switches(env: dict[str, str]) -> Iterator[None]:
+    """The kill switches set as ``env`` says inside the block (as a server's environment would),
+    restored after it. The hooks read them when a backend is built, when its graph state is sized
+    and when a batch size is captured (the indexer hook: at every call)."""
+    previous = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def swapped(module, values: dict) -> Iterator[None]:
+    """``module``'s attributes set to ``values`` inside the block, restored after it."""
+    previous = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            setattr(module, name, value)
+
+
+@contextlib.contextmanager
+def launch(name: str, sizes: Sizes) -> Iterator[tuple[object, list[int]]]:
+    """The EAGLE launch ``name`` (a key of ``dsa_backends.LAUNCHES``) published with
+    ``--cuda-graph-max-bs-decode`` and ``--max-running-requests`` at ``sizes.max_bs``; yields
+    (the published ServerArgs, the batch sizes SGLang's graph runners capture, ascending).
+
+    SGLang resolves the capture list when its server args resolve (its memory hook calls
+    ``generate_decode_cuda_graph_batch_sizes`` for the decode phase's max bs on a GPU device); the
+    published args carry that list as ``cuda_graph_config``, and ``get_batch_sizes_to_capture`` (every
+    graph runner's) filters it for a ``req_to_token`` pool of ``sizes.pool`` slots."""
+    from sglang.srt.arg_groups.cuda_graph_hook import generate_decode_cuda_graph_batch_sizes
+    from sglang.srt.model_executor.cuda_graph_config import (
+        Phase,
+        default_cuda_graph_config,
+        with_phase,
+    )
+    from sglang.srt.model_executor.runner.base_cuda_graph_runner import (
+        get_batch_sizes_to_capture,
+    )
+
+    fields = dict(max_running_requests=sizes.max_bs, cuda_graph_max_bs_decode=sizes.max_bs)
+    with kit.serving(name, **fields) as server_args:
+        listed = generate_decode_cuda_graph_batch_sizes(server_args, sizes.max_bs)
+    config = with_phase(default_cuda_graph_config(), Phase.DECODE, max_bs=sizes.max_bs, bs=listed)
+    with kit.serving(name, cuda_graph_config=config, **fields) as server_args:
+        runner = SimpleNamespace(
+            req_to_token_pool=SimpleNamespace(size=sizes.pool), server_args=server_args
+        )
+        captured, _ = get_batch_sizes_to_capture(runner)
+        yield server_args, list(captured)
+
+
+def sglang_metadata_kernels(device: torch.device) -> dict:
+    """SGLang's three replay-metadata kernels for the arm with the plugin off: on a GPU, their own
+    file loaded a second time, so that the two arms' Triton caches are apart and a compile of one
+    arm never stands for the other's (on the CPU, what ``cuda_stand_ins`` installed: nothing
+    compiles there)."""
+    import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
+
+    if device.type != "cuda":
+        return {name: getattr(manager, name) for name in kit.SGLANG_METADATA_KERNELS}
+    module = metadata_module()
+    return {name: getattr(module, name) for name in kit.SGLANG_METADATA_KERNELS}
+
+
+class Graphs:
+    """The captured graphs of one arm, keyed by (op, bs), in one memory pool, captured on one capture
+    stream as SGLang's full CUDA-graph backend captures (``capture_one``: synchronize, two eager
+    warm-up runs of the body, then the body inside ``torch.cuda.graph(pool=..., stream=...)``).
+    Without CUDA, a capture runs the body once and a replay runs it again."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
+        self.stream = torch.cuda.Stream() if self.cuda else None
+        self._graphs: dict = {}
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """The capture session: SGLang's graph runners capture (and build each batch size's
+        metadata) with the capture stream current and Python's garbage collector frozen
+        (SGLang's ``freeze_gc``: each capture collects)."""
+        if not self.cuda:
+            yield
+            return
+        gc.collect()
+        gc.freeze()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            torch.cuda.current_stream().wait_stream(self.stream)
+            gc.unfreeze()
+
+    def capture(self, key, body: Callable[[], None]) -> None:
+        if not self.cuda:
+            body()
+            self._graphs[key] = body
+            return
+        torch.cuda.synchronize()
+        for _ in range(2):
+            body()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            body()
+        self._graphs[key] = graph
+
+    def replay(self, key) -> None:
+        graph = self._graphs[key]
+        if self.cuda:
+            graph.replay()
+        else:
+            graph()
+
+    def pool_bytes(self) -> Optional[int]:
+        """Bytes of the CUDA caching allocator's segments in this arm's graph pool (None off a GPU)."""
+        if not self.cuda:
+            return None
+        return sum(
+            segment["total_size"]
+            for segment in torch.cuda.memory_snapshot()
+            if tuple(segment.get("segment_pool_id", ())) == tuple(self.pool)
+        )
+
+
+class UncomparedMetadata(LookupError):
+    """A ``DSAMetadata`` tensor the comparison would leave out: a :data:`READ` name missing or None,
+    or a tensor in neither :data:`READ` nor :data:`UNREAD`."""
+
+
+def metadata_tensors(metadata) -> dict[str, torch.Tensor]:
+    """Every tensor of one ``DSAMetadata`` by name: its tensor fields, and ``field.leaf`` for the
+    tensors of a field that holds some (FlashMLA's ``flashmla_metadata``)."""
+    out = {}
+    for name, value in vars(metadata).items():
+        if isinstance(value, torch.Tensor):
+            out[name] = value
+        elif hasattr(value, "__dict__"):
+            out.update(
+                (f"{name}.{leaf}", v)
+                for leaf, v in vars(value).items()
+                if isinstance(v, torch.Tensor)
+            )
+    return out
+
+
+def metadata_reads(metadata) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """(the tensors of one ``DSAMetadata`` the forward reads, by :data:`READ` name; its
+    :data:`STATIC` host fields). Raises :class:`UncomparedMetadata` naming every :data:`READ`
+    name that is missing or None, and every tensor that is neither read nor :data:`UNREAD`."""
+    tensors = metadata_tensors(metadata)
+    missing = [name for name in READ if name not in tensors]
+    unlisted = sorted(set(tensors) - set(READ) - set(UNREAD))
+    if missing or unlisted:
+        raise UncomparedMetadata(
+            f"{type(metadata).__name__}: missing or None: {missing}; tensors in neither READ nor "
+            f"UNREAD: {unlisted}"
+        )
+    return {name: tensors[name] for name in READ}, {
+        name: getattr(metadata, name) for name in STATIC
+    }
+
+
+class Runner:
+    """One graph runner of an arm, as its attention backend sees it.
+
+    ``op`` is one of :data:`OPS`: the target's verify runner (``TARGET_VERIFY``, its seq_lens and
+    request slots the runner's static buffers), the draft-extend runner (``DRAFT_EXTEND_V2``: the
+    whole static buffers, the accept lengths in ``spec_info``), the draft-decode runner (``DECODE``
+    on the multi-step backend: the caller's tensors when the batch fills the captured size, else the
+    static buffers). A padded row has seq_len :data:`FILL` and slot 0, as the runners pad."""
+
+    def __init__(self, op: str, backend, *, sizes: Sizes, graphs: Graphs, reader: bool = True):
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        self.op, self.backend, self.graphs, self.reader = op, backend, graphs, reader
+        self.mode = {
+            "target verify": ForwardMode.TARGET_VERIFY,
+            "draft extend": ForwardMode.DRAFT_EXTEND_V2,
+            "draft decode": ForwardMode.DECODE,
+        }[op]
+        device = sizes.device
+        self.seq_lens = torch.full((sizes.max_bs,), FILL, dtype=torch.int64, device=device)
+        self.req_pool_indices = torch.zeros(sizes.max_bs, dtype=torch.int64, device=device)
+        self.accepted = torch.ones(sizes.max_bs, dtype=torch.int32, device=device)
+        self.reads: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.static: dict[int, dict[str, object]] = {}
+        self._outputs: dict[str, torch.Tensor] = {}
+
+    @property
+    def backends(self) -> list:
+        """The DSA backends whose metadata this runner's forward reads (the step backends of the
+        multi-step backend, in step order)."""
+        if self.op == "draft decode":
+            return list(self.backend.attn_backends)
+        return [self.backend]
+
+    def _batch(self, bs: int, seq_lens, req_pool_indices):
+        spec_info = None
+        if self.op == "draft extend":
+            spec_info = SimpleNamespace(num_accept_tokens=self.accepted[:bs])
+        return SimpleNamespace(
+            batch_size=bs,
+            forward_mode=self.mode,
+            seq_lens=seq_lens,
+            seq_lens_cpu=None,  # DSA needs none (needs_cpu_seq_lens = False)
+            seq_lens_sum=None,  # DSA opts out of the host sum (needs_cpu_seq_lens = False)
+            req_pool_indices=req_pool_indices,
+            spec_info=spec_info,
+            out_cache_loc=None,
+            input_ids=None,
+            positions=None,
+            encoder_lens=None,
+        )
+
+    def capture(self, bs: int) -> None:
+        """The runner's capture of ``bs``: the backend's metadata for it
+        (``init_forward_metadata_out_graph(..., in_capture=True)``), then the graph."""
+        self.seq_lens.fill_(FILL)
+        self.req_pool_indices.zero_()
+        batch = self._batch(bs, self.seq_lens[:bs], self.req_pool_indices[:bs])
+        self.backend.init_forward_metadata_out_graph(batch, in_capture=True)
+        reads, self.static[bs] = {}, {}
+        for i, backend in enumerate(self.backends):
+            tensors, static = metadata_reads(backend.decode_cuda_graph_metadata[bs])
+            label = f"step {i} " if self.op == "draft decode" else ""
+            reads.update({label + name: tensor for name, tensor in tensors.items()})
+            self.static[bs].update({label + name: value for name, value in static.items()})
+        if self.reader:
+            self.reads[bs] = {name: (src, self._output(name, src)) for name, src in reads.items()}
+        else:
+            self.reads[bs] = {}
+
+        def body():
+            self.backend.init_forward_metadata_in_graph(batch)
+            for src, out in self.reads[bs].values():
+                out.copy_(src)
+
+        self.graphs.capture((self.op, bs), body)
+
+    def _output(self, name: str, src: torch.Tensor) -> torch.Tensor:
+        """A view shaped like ``src`` of the output that every batch size's graph writes ``name``
+        into (sized at the first, the largest, captured batch size)."""
+        out = self._outputs.get(name)
+        if out is None:
+            out = self._outputs[name] = torch.empty(src.numel(), dtype=src.dtype, device=src.device)
+        if out.numel() < src.numel() or out.dtype != src.dtype:
+            raise RuntimeError(f"{self.op}: {name} grew past the largest captured batch size")
+        return out[: src.numel()].view(src.shape)
+
+    def replay(self, bs: int, lengths: torch.Tensor, slots: torch.Tensor, accepted=None) -> float:
+        """One replay of the captured ``bs`` for ``lengths`` / ``slots`` (int64, the scheduler's
+        tensors; fewer than ``bs`` are padded): the backend's replay metadata, then the graph.
+        Returns the host microseconds of SGLang's whole ``init_forward_metadata_out_graph`` call."""
+        raw = lengths.numel()
+        padded = raw != bs
+        if padded:
+            self.seq_lens.fill_(FILL)
+            self.req_pool_indices.zero_()
+            self.accepted.fill_(1)
+        self.seq_lens[:raw].copy_(lengths)
+        self.req_pool_indices[:raw].copy_(slots)
+        if accepted is not None:
+            self.accepted[:raw].copy_(accepted)
+        if self.op == "target verify":
+            batch = self._batch(bs, self.seq_lens[:bs], self.req_pool_indices[:bs])
+        elif self.op == "draft extend":
+            batch = self._batch(bs, self.seq_lens, self.req_pool_indices)
+        elif padded:
+            batch = self._batch(bs, self.seq_lens[:bs], self.req_pool_indices[:bs])
+        else:
+            batch = self._batch(bs, lengths, slots)
+        start = time.perf_counter()
+        self.backend.init_forward_metadata_out_graph(batch)
+        host_us = (time.perf_counter() - start) * 1e6
+        self.graphs.replay((self.op, bs))
+        return host_us
+
+    def read(self, bs: int) -> dict[str, torch.Tensor]:
+        """What the graph of ``bs`` read at its last replay, by name."""
+        return {name: out for name, (_, out) in self.reads[bs].items()}
+
+    def poison(self, bs: int, value: int) -> None:
+        """Every int32 element a replay of ``bs`` writes set to ``value`` (before both arms replay):
+        what the replay leaves unwritten keeps it. Kept as captured: the query offsets
+        (``cu_seqlens_q``, ``dsa_cu_seqlens_q``: 0, 1, 2, ...) and the leading 0 of the key
+        offsets (``cu_seqlens_k``, ``dsa_cu_seqlens_k``), which SGLang sets at capture and never
+        rewrites (its draft-decode copies write ``[1:]``)."""
+        for name, (src, _) in self.reads[bs].items():
+            if src.dtype != torch.int32 or name.endswith("cu_seqlens_q"):
+                continue
+            (src[1:] if name.endswith("cu_seqlens_k") else src).fill_(value)
+
+
+def differences(on: Runner, off: Runner, bs: int, *, skip=()) -> list[tuple[str, object]]:
+    """(name, differs) for every tensor the two arms' graphs of ``bs`` read, ``differs`` a bool or
+    a 0-d bool tensor (on the device: read them all with one sync). Each tensor is compared whole,
+    bit for bit, but ``real_page_table``: each row's entries that SGLang's kernels write (page
+    ``c`` while ``c * page_size`` is below the row's ``cache_seqlens_int32`` rounded up to
+    :data:`SGLANG_BLOCK_N` token columns), since past them a replay leaves what an earlier replay
+    of any batch size wrote (SGLang's contract: readers stop at the row's length). Names whose
+    last word is in ``skip`` are left out."""
+    ours, stock = on.read(bs), off.read(bs)
+    out = []
+    for name in sorted(set(ours) | set(stock)):
+        if name.rpartition(" ")[2] in skip:
+            continue
+        a, b = ours.get(name), stock.get(name)
+        if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
+            out.append((name, True))
+            continue
+        if name.endswith("real_page_table"):
+            prefix = name[: -len("real_page_table")]
+            written = written_pages(
+                stock[prefix + "cache_seqlens_int32"], b, off.static[bs][prefix + "page_size"]
+            )
+            out.append((name + " (written)", ((a != b) & written).any()))
+        else:
+            out.append((name, (a != b).any()))
+    return out
+
+
+def written_pages(kv_lens: torch.Tensor, table: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The entries of a ``real_page_table`` (rows: the requests' rows, each request's alike) that
+    SGLang's replay-metadata kernels write for requests of ``kv_lens`` tokens: page ``c`` of a row
+    while ``c * page_size < SGLANG_BLOCK_N * cdiv(kv_len, SGLANG_BLOCK_N)``."""
+    rows = table.shape[0]
+    kv = kv_lens.repeat_interleave(rows // kv_lens.numel()).to(torch.int64)
+    end = (kv + SGLANG_BLOCK_N - 1) // SGLANG_BLOCK_N * SGLANG_BLOCK_N
+    return torch.arange(table.shape[1], device=table.device)[None, :] * page_size < end[:, None]
+
+
+def static_differences(on: Runner, off: Runner, bs: int) -> list[str]:
+    """The host-side metadata fields of ``bs`` that differ between the arms."""
+    a, b = on.static[bs], off.static[bs]
+    return [name for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)]
+
+
+@dataclasses.dataclass
+class Memory:
+    """``torch.cuda.memory_allocated`` (bytes) at each stage of an arm's build, and its graph pool."""
+
+    before: int = 0
+    graph_state: int = 0  # after every backend's init_cuda_graph_state
+    captured: int = 0  # after every batch size's capture (metadata and graphs)
+    pool: Optional[int] = None  # the arm's graph pool after capture
+
+
+def allocated(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated()
+
+
+class Arm:
+    """The DSA backends of one server with the kill switches at ``env``: the target (SGLang's
+    attention registry), the draft-extend and the multi-step backends (its ``DraftBackendFactory``,
+    ``seeded``: the draft's top-k from draft extend), their graph state, and one :class:`Runner` per
+    op. ``kernels``: SGLang's replay-metadata kernels the backends pick up
+    (:func:`sglang_metadata_kernels`), None for those SGLang imported. Without ``reader`` the graphs
+    hold the runners' ``init_forward_metadata_in_graph`` alone (no outputs of the harness's own: for
+    measuring memory)."""
+
+    def __init__(
+        self,
+        name: str,
+        env: dict[str, str],
+        *,
+        sizes: Sizes,
+        tokens: int,
+        req_to_token: torch.Tensor,
+        seeded: bool,
+        kernels: Optional[dict] = None,
+        reader: bool = True,
+    ):
+        import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
+
+        self.name, self.env, self.sizes, self.seeded = name, env, sizes, seeded
+        self.graphs = Graphs(sizes.device)
+        self.memory = Memory(before=allocated(sizes.device))
+        common = dict(
+            context_len=sizes.context,
+            page_size=sizes.page_size,
+            req_to_token=req_to_token,
+            device=sizes.device,
+            hf_config=kit.glm5_config(index_topk=sizes.index_topk),
+        )
+        with switches(env), swapped(manager, kernels or {}):
+            self.target = kit.target_backend(kit.model_runner(**common))
+            self.extend, self.multi = kit.draft_backends(
+                kit.model_runner(is_draft=True, **common), seeded=seeded
+            )
+            max_bs = sizes.max_bs
+            self.target.init_cuda_graph_state(max_bs, max_bs * tokens)
+            self.multi.init_cuda_graph_state(max_bs, max_bs)
+            self.extend.init_cuda_graph_state(max_bs, max_bs * tokens)
+        self.memory.graph_state = allocated(sizes.device)
+        backends = {"target verify": self.target, "draft decode": self.multi}
+        backends["draft extend"] = self.extend
+        self.runners = {
+            op: Runner(op, backend, sizes=sizes, graphs=self.graphs, reader=reader)
+            for op, backend in backends.items()
+        }
+
+    def capture(self, batch_sizes) -> None:
+        """Every runner captures every batch size, the largest first (SGLang's order: the target's
+        runner, then the draft decode's, then the draft extend's)."""
+        with switches(self.env), self.graphs.capturing():
+            for runner in self.runners.values():
+                for bs in sorted(batch_sizes, reverse=True):
+                    runner.capture(bs)
+        self.memory.captured = allocated(self.sizes.device)
+        self.memory.pool = self.graphs.pool_bytes()
+
+    def replay(self, op: str, bs: int, lengths, slots, accepted=None) -> float:
+        with switches(self.env):
+            return self.runners[op].replay(bs, lengths, slots, accepted)
+
+    def step_backends(self) -> list:
+        return list(self.multi.attn_backends)
+
+    def backends(self) -> dict:
+        """Every DSA backend of the arm, by role."""
+        out = {"target": self.target, "draft extend": self.extend}
+        out.update({f"draft step {i}": b for i, b in enumerate(self.step_backends())})
+        return out
+
+    def graph_state_bytes(self) -> int:
+        """Bytes of the distinct tensors the arm's backends' graph state holds
+        (``dsa_backends.graph_state_bytes``), the same count the meta-device computation makes."""
+        return sum(kit.graph_state_bytes(backend) for backend in self.backends().values())
+
+
+def request_tensor(values, device: torch.device, *, odd: bool = False) -> torch.Tensor:
+    """int64 ``values`` on ``device`` as the scheduler hands them, or (``odd``) as a view one element
+    into a larger tensor: an input at an address that is not 16-byte aligned."""
+    if not odd:
+        return torch.tensor(list(values), dtype=torch.int64, device=device)
+    return torch.tensor([0, *values], dtype=torch.int64, device=device)[1:]
+
+
+def verify_input(backend, seq_lens, req_pool_indices, req_to_token, *, steps: int, seed: int = 0):
+    """SGLang's ``build_eagle_verify_input`` for a topk=1 chain draft of these requests (int64
+    tensors on the target's device), against the target ``backend``: its verify mask decides the
+    path (none: SGLang's FULL_MASK tree build; the plugin's QLEN_ONLY mask: SGLang's fused chain
+    tree, which also prepares the verify cache locations). Returns the ``EagleVerifyInput`` and the
+    verify cache locations (``prepared_out_cache_loc``, or what SGLang's
+    ``eagle_prepare_for_verify`` assigns on the FULL_MASK path:
+    ``assign_extend_cache_locs_uniform_func``)."""
+    from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
+    from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
+    from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
+
+    device = seq_lens.device
+    tokens = steps + 1
+    bs = seq_lens.numel()
+    worker = SimpleNamespace(
+        topk=1,
+        speculative_num_steps=steps,
+        speculative_num_draft_tokens=tokens,
+        device=device,
+        server_args=None,
+    )
+    EagleDraftWorkerBase._rebuild_topk1_chain_buffers(worker)
+    generator = torch.Generator().manual_seed(seed)
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE,
+        seq_lens=seq_lens,
+        seq_lens_sum=None,  # DSA: needs_cpu_seq_lens = False
+        req_pool_indices=req_pool_indices,
+        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+        multimodal_inputs=[None] * bs,
+    )
+    bonus = torch.randint(0, 154880, (bs,), generator=generator).to(device)
+    draft_tokens = torch.randint(0, 154880, (bs, steps), generator=generator).to(device)
+    target_worker = SimpleNamespace(
+        model_runner=SimpleNamespace(
+            attn_backend=backend, model_config=SimpleNamespace(model_is_mrope=False)
+        )
+    )
+    verify = build_eagle_verify_input(
+        batch,
+        SimpleNamespace(bonus_tokens=bonus),
+        worker._topk1_parents_prealloc[:bs],
+        worker._topk1_score_indices_prealloc[:bs],
+        draft_tokens,
+        None,
+        target_worker=target_worker,
+        topk=1,
+        num_steps=steps,
+        num_draft_tokens=tokens,
+        tree_mask_mode=default_tree_mask_mode(),
+        device=str(device),
+    )
+    cache_loc = verify.prepared_out_cache_loc
+    if cache_loc is None:
+        cache_loc = assign_extend_cache_locs_uniform_func(
+            req_pool_indices=req_pool_indices,
+            req_to_token=req_to_token,
+            start_offset=seq_lens,
+            batch_size=bs,
+            draft_token_num=tokens,
+            device=device,
+        )
+    return verify, cache_loc
+
+
+def triton_tree_builder(monkeypatch) -> None:
+    """SGLang's CUDA tree builder (a JIT build) replaced by its Triton builder, the same tree, and
+    its verify cache locations by its Triton kernel (on CUDA SGLang's own choice): SGLang's XPU
+    branches of ``build_tree_kernel_efficient_func`` and ``assign_extend_cache_locs_uniform_func``.
+    """
+    import sglang.kernels.ops.speculative.cache_locs as cache_locs
+    import sglang.kernels.ops.speculative.spec_tree as spec_tree
+
+    monkeypatch.setattr(spec_tree, "_is_xpu", True)
+    monkeypatch.setattr(cache_locs, "_is_xpu", True)

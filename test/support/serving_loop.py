@@ -1,0 +1,1129 @@
+"""The serving loop: EAGLE rounds replayed through SGLang's real DSA backends with the plugin on and
+off in one process, every metadata buffer the captured graphs read compared bit for bit after every
+replay, failures injected into the plugin's side, Triton's compiles counted.
+
+For each EAGLE launch (3/1/4, 4/1/5, 5/1/6) and each kind of draft step (seeded: GLM-5 with index
+share, the draft's top-k from draft extend; unseeded: DeepSeek-V3.2) one server
+(:class:`~support.dsa_serving.Arm` twice, :data:`~.dsa_serving.ON` and
+:data:`~.dsa_serving.OFF`, over one ``req_to_token``) captures every batch size SGLang captures
+for ``--cuda-graph-max-bs-decode`` (:func:`~.dsa_serving.launch`), then serves rounds. A round is
+what a decode step of SGLang's EAGLE v2 worker hands its three graph runners for one batch:
+
+1. a captured batch size at random (none a fault victim holds: the victims' sizes are replayed in
+   their own rounds only), and a batch that pads to it (SGLang pads to the smallest
+   captured size that fits); its requests continue from earlier rounds or are new, taking a free
+   request slot whose ``req_to_token`` row is rewritten;
+2. the draft decode (seq_lens: each request's length ``L``), the target verify (``L``), the draft
+   extend after it (``L + draft tokens``: SGLang's ``prepare_for_draft_extend``, with the round's
+   random accept lengths in ``spec_info``); the next round continues each request at
+   ``L + accepted``. A request's first length is 0 .. context (about a third of the request replays
+   past ``long_from``), with edge lengths (0, 1, a page, a 128-column block, the context) mixed in; a
+   request that would run past the context ends;
+3. every other round, the inputs as views at an address that is not 16-byte aligned.
+
+Before each replay both arms' buffers that the replay writes are poisoned
+(:meth:`~.dsa_serving.Runner.poison`), then after both arms replayed every tensor their graphs read
+is compared (:func:`~.dsa_serving.differences`): :data:`~.dsa_serving.READ`, whole, but the compact
+page table's pages that SGLang's kernels write (its 128-column blocks), and of the draft decode of seeded steps not the indexer plans
+(:data:`~.dsa_serving.INDEXER_PLANS`, which no seeded step reads). ``page_table_1`` is not read on
+this path and the plugin drops it. The host fields (:data:`~.dsa_serving.STATIC`) are compared after
+capture. Every ``indexer_every`` rounds, SGLang's indexer (:class:`IndexerCalls`) computes a top-k
+past the SM count with the live-width switch on and off: the top-k indices must be equal.
+
+The plugin's launches are counted per replay (:class:`Calls`): ours must run in at least
+:data:`MIN_OURS` of each :data:`ENGAGED` op's replays, a replay without it only at the op's fault
+victim; a plugin-off replay must launch none of ours; after each server every ``Fallback.failed``
+and the MTP batch sizes off the one launch hold exactly the injected victims. Some launches of
+:data:`SPANNING` must have more live tiles than tile programs (on the CPU, ``cpu_budget``). The
+counting leaves every call on the path a server takes: on a GPU the plan of the installed planned
+function must take every repeated launch of :data:`PLANNED` (:class:`Calls`; the CPU's
+interpreted kernels have no plans), and the MTP one launch runs the call its capture binds.
+
+Failures injected (:class:`Injection`), each a ``RuntimeError`` with its own text, per server, at
+four distinct captured batch sizes (``_victims``): our
+target-verify kernel raising at its warm-up (capture) for one batch size; the MTP draft decode's
+capture-time decision raising for another; our draft-extend kernel raising at a replay, and the MTP
+one launch raising at a replay, each from a third of the way in; once per run, at its last indexer
+call, the indexer's live copy raising at its second chunk. After each, the loop goes on, the comparisons hold, and exactly one
+line of the plugin's log carries the text.
+
+Triton's compiles (``compiles.count_compiles``) are counted around every replay of each arm. Every
+kernel variant of ours and SGLang's replay-metadata kernels is forgotten first (``forget_compiled``):
+the process starts as a fresh server. The arm with the plugin on must compile nothing after its
+captures, fallback replays included; the arm with it off uses its own copy of SGLang's kernels
+(``dsa_serving.sglang_metadata_kernels``) and compiles at first replays, as SGLang does. On a GPU
+both are the counter's positive controls: the off arm's compiles while serving and the on arm's at
+its captures (the warm-ups) must not be 0.
+:func:`run` returns a :class:`LoopReport`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import gc
+import logging
+import random
+import time
+import weakref
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+
+from sglang_dsa_mtp import log as plugin_log
+from support import dsa_backends as kit
+from support import dsa_serving as slice_
+from support.compiles import count_compiles, forget_compiled
+from support.constants import POISON
+
+LAUNCH_NAMES = ("3/1/4", "4/1/5", "5/1/6")
+EDGES = (0, 1, 63, 64, 65, 127, 128, 129)  # and the context itself
+# What the plugin-on arm's replays must run of ours: our target-verify and draft-extend kernels,
+# our draft-decode metadata (the MTP one launch, or our decode kernel in every step backend), and
+# within it the MTP one launch; each in at least MIN_OURS of its replays, the replays that did not
+# run it all at its fault victims (``_Server.victims_of``). The indexer's live copy likewise, of
+# the indexer calls.
+ENGAGED = ("target verify", "draft extend", "draft decode", "MTP one launch")
+MIN_OURS = 0.9
+# A server with injections replays its victims' batch sizes in four rounds only (``run``), which
+# leaves two draft decodes without the one launch: at least 20 rounds keep that within 10%.
+MIN_ROUNDS_INJECTED = 20
+# The kernels (named as ``Calls`` counts them) of which some launch must have more live tiles than
+# tile programs, so that programs move on from one request to the next.
+SPANNING = ("target verify", "draft extend", "MTP one launch")
+INJECTIONS = ("capture", "warm-up", "replay", "one launch")  # the victims' keys
+# The kernels whose Fallback installs a planned function (LaunchPlans.planned): on a GPU, its plan
+# must take every repeated launch of ours (``Calls``).
+PLANNED = ("decode", "target verify", "draft extend")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """One run of the loop: ``rounds`` in all, shared out among the servers in turn."""
+
+    sizes: slice_.Sizes
+    rounds: int
+    # (EAGLE launch, seeded draft steps) of each server: by default every launch both ways.
+    servers: tuple[tuple[str, bool], ...] = tuple(
+        (name, seeded) for name in LAUNCH_NAMES for seeded in (True, False)
+    )
+    seed: int = 0
+    indexer_every: int = 10  # rounds (over all servers) between two indexer calls; 0: none
+    inject: bool = True
+    # The bounded kernels' program budget for CPU tensors (``host.CPU_DEFAULT_BUDGET``) in the run:
+    # below the batch sizes, so that programs take tiles of several requests (a CUDA device's
+    # budget is its SM count's; at its 1M context, a request alone has more tiles than that).
+    cpu_budget: int = 2
+
+
+@dataclasses.dataclass
+class Injection:
+    """One failure injected into the plugin's side: where, the text it raises, how often it raised,
+    and (at the end) the lines of the plugin's log that carry the text."""
+
+    where: str  # "warm-up", "capture", "replay", "indexer"
+    what: str
+    text: str
+    raised: int = 0
+    lines: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class ServerReport:
+    """One server of the loop."""
+
+    name: str  # "EAGLE 4/1/5, seeded"
+    captured: list[int]
+    rounds: int = 0
+    replays: dict[str, int] = dataclasses.field(default_factory=dict)  # per op, per arm
+    comparisons: int = 0  # tensors compared
+    mismatches: list[str] = dataclasses.field(default_factory=list)
+    requests: int = 0  # request replays
+    long_requests: int = 0  # of which past long_from
+    engaged: dict[str, bool] = dataclasses.field(default_factory=dict)
+    # Per ENGAGED op: the plugin-on arm's replays that ran ours.
+    ours: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Replays that did not run ours outside a fault victim, a plugin-off replay that ran ours, a
+    # Fallback.failed or an MTP batch size off the one launch that is not an injected victim.
+    unexpected: list[str] = dataclasses.field(default_factory=list)
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def ours_of(self, op: str) -> tuple[int, int]:
+        """(replays that ran ours, replays) of an ENGAGED op."""
+        return self.ours.get(op, 0), self.replays.get(op, self.replays.get("draft decode", 0))
+
+
+@dataclasses.dataclass
+class LoopReport:
+    device: str
+    context: int
+    max_bs: int
+    servers: list[ServerReport] = dataclasses.field(default_factory=list)
+    injections: list[Injection] = dataclasses.field(default_factory=list)
+    compiles_on: list[str] = dataclasses.field(default_factory=list)  # after the captures
+    compiles_off: int = 0
+    compiles_on_capture: int = 0  # the positive control on the on arm: its captures' warm-ups
+    # Launches of our kernels while the on arm replayed (``Calls``), per kernel, and of those the
+    # launches whose batch had more live tiles than the launch has tile programs.
+    calls: dict[str, int] = dataclasses.field(default_factory=dict)
+    spanned: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Of the launches of PLANNED's ops, those at a bs where ours had launched before (its plan
+    # made) and no injection routes the calls to Fallback.__call__; of those, the ones the
+    # installed planned function's plan took.
+    repeated: dict[str, int] = dataclasses.field(default_factory=dict)
+    planned: dict[str, int] = dataclasses.field(default_factory=dict)
+    indexer_calls: int = 0  # per arm
+    indexer_live_calls: int = 0  # of the on arm's calls, those the live copy answered
+    indexer_mismatches: list[str] = dataclasses.field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)  # of the harness itself
+
+    @property
+    def replays(self) -> int:
+        """Graph replays of the plugin-on arm (each compared with the off arm's)."""
+        return sum(sum(server.replays.values()) for server in self.servers)
+
+    @property
+    def mismatches(self) -> list[str]:
+        return [m for server in self.servers for m in server.mismatches] + self.indexer_mismatches
+
+    def failures(self) -> list[str]:
+        """Everything that makes the run fail, in words (empty: it passed)."""
+        out = list(self.errors) + list(self.mismatches[:20])
+        if self.compiles_on:
+            out.append(f"the plugin-on arm compiled after its captures: {self.compiles_on[:10]}")
+        for server in self.servers:
+            out += [
+                f"{server.name}: {fact} is not so" for fact, ok in server.engaged.items() if not ok
+            ]
+            out += [f"{server.name}: {line}" for line in server.unexpected[:20]]
+            for op in ENGAGED:
+                ran, replays = server.ours_of(op)
+                if ran < MIN_OURS * replays:
+                    out.append(f"{server.name}: ours ran in {ran} of {replays} {op} replays")
+        missed = self.indexer_calls - self.indexer_live_calls
+        injected = sum(i.raised for i in self.injections if i.where == "indexer")
+        if self.indexer_calls and (
+            missed > injected or self.indexer_live_calls < MIN_OURS * self.indexer_calls
+        ):
+            out.append(
+                f"the live copy answered {self.indexer_live_calls} of {self.indexer_calls} indexer "
+                f"calls ({injected} injected failures)"
+            )
+        if self.device.startswith("cuda"):  # compiled kernels have launch plans
+            out += [
+                f"the planned path took {self.planned.get(op, 0)} of {repeated} repeated {op} "
+                "launches of ours"
+                for op, repeated in self.repeated.items()
+                if op in PLANNED and self.planned.get(op, 0) < repeated
+            ]
+        if self.servers:
+            out += [
+                f"no {kernel} launch had more live tiles than tile programs"
+                for kernel in SPANNING
+                if not self.spanned.get(kernel)
+            ]
+        if self.device.startswith("cuda") and not (self.compiles_off and self.compiles_on_capture):
+            out.append(
+                f"the compile counter saw {self.compiles_off} compiles of the plugin-off arm while "
+                f"serving and {self.compiles_on_capture} of the plugin-on arm's captures: on a GPU "
+                "both compile, so the counter is not counting"
+            )
+        for injection in self.injections:
+            if not injection.raised:
+                out.append(f"the {injection.where} injection ({injection.what}) never raised")
+            if len(injection.lines) != 1:
+                out.append(
+                    f"the {injection.where} injection ({injection.what}) left "
+                    f"{len(injection.lines)} log lines, not 1: {injection.lines[:3]}"
+                )
+        return out
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self) | {"replays": self.replays, "failures": self.failures()}
+
+
+class Requests:
+    """The server's running requests: a request slot and a length each. A new request takes a free
+    slot (never slot 0) and a fresh random ``req_to_token`` row."""
+
+    def __init__(self, sizes: slice_.Sizes, req_to_token: torch.Tensor, rng: random.Random, gen):
+        self.sizes, self.req_to_token, self.rng, self.gen = sizes, req_to_token, rng, gen
+        self.free = list(range(1, sizes.pool))
+        self.running: dict[int, int] = {}  # slot -> length
+
+    def first_length(self) -> int:
+        """An edge length one time in ten, else past ``long_from`` two times in five (so that about
+        a third of the request replays are long), else up to ``long_from``."""
+        sizes, rng = self.sizes, self.rng
+        draw = rng.random()
+        if draw < 0.1:
+            return rng.choice([*(n for n in EDGES if n <= sizes.context), sizes.context])
+        if draw < 0.1 + 0.9 * 0.4:
+            return rng.randint(sizes.long_from + 1, sizes.context)
+        return rng.randint(0, sizes.long_from)
+
+    def admit(self) -> None:
+        slot = self.free.pop(self.rng.randrange(len(self.free)))
+        self.req_to_token[slot].random_(0, 1 << 30, generator=self.gen)
+        self.running[slot] = self.first_length()
+
+    def batch(self, raw_bs: int) -> tuple[list[int], list[int]]:
+        """(slots, lengths) of ``raw_bs`` running requests, new ones admitted as needed."""
+        while len(self.running) < raw_bs:
+            self.admit()
+        slots = self.rng.sample(sorted(self.running), raw_bs)
+        return slots, [self.running[slot] for slot in slots]
+
+    def advance(self, slots, accepted, tokens: int) -> None:
+        """Each request continues at its length + its accepted tokens, or ends (past the context,
+        or by chance), freeing its slot."""
+        for slot, step in zip(slots, accepted):
+            length = self.running[slot] + step
+            if length + tokens > self.sizes.context or self.rng.random() < 0.05:
+                del self.running[slot]
+                self.free.append(slot)
+            else:
+                self.running[slot] = length
+
+
+def _raising_at(fn, bs: int, injection: Injection, armed=lambda: True):
+    """``fn`` (a kernel wrapper called with ``bs=``) raising ``injection``'s error at ``bs``."""
+
+    def call(*args, **kwargs):
+        if kwargs.get("bs") == bs and armed():
+            injection.raised += 1
+            raise RuntimeError(injection.text)
+        return fn(*args, **kwargs)
+
+    return call
+
+
+class _BsOrFailed:
+    """The batch sizes a planned function sends to ``Fallback.__call__`` while ours raises at
+    ``bs``: ``bs`` and those that fell back (the live set)."""
+
+    def __init__(self, bs: int, failed: set):
+        self.bs, self.failed = bs, failed
+
+    def __contains__(self, item) -> bool:
+        return item == self.bs or item in self.failed
+
+
+def _inject(calls, fallback, bs: int, injection: Injection, armed=lambda: True) -> None:
+    """Ours of ``fallback`` raising ``injection``'s error at ``bs``. Ours replaced, the installed
+    planned function would send every call to ``Fallback.__call__``; it stands for the original
+    ours at every other ``bs``, so only ``bs`` (and the batch sizes that fell back) go there: the
+    other calls keep the planned path that a server takes (``calls`` is told that ``bs`` does not).
+    """
+    from sglang_dsa_mtp.kernels.ops.launch import set_unless
+
+    calls.routed.setdefault(fallback, set()).add(bs)
+    fallback.ours = _raising_at(fallback.ours, bs, injection, armed)
+    installed = fallback.installed
+    if getattr(installed, "launch_plans", None) is not None:
+        set_unless(installed, _BsOrFailed(bs, fallback.failed))
+
+
+class Calls:
+    """The launches of our kernels, counted from the integration side without changing the path
+    they take. Per backend attribute of ``dsa_metadata_selection.KERNELS`` whose
+    :class:`~sglang_dsa_mtp.integration.fallback.Fallback` runs the kernel ``KERNELS`` names
+    (:meth:`attach`; SGLang's kernel behind a Fallback counts nothing): the attribute calls the
+    installed function through a counter, which counts a launch of ours when the installed
+    function's plan took the call (``Fallback.__call__`` not entered: "planned") or
+    ``Fallback.__call__`` ran ours (its ``bs`` did not fall back). The first launch at a ``bs``
+    makes its plan (the capture's warm-up planned twin buffers, and graph capture launches none);
+    every later one, but at a ``bs`` an injection routes to ``Fallback.__call__`` (``routed``), is
+    "repeated", and on a GPU its plan must take it. The MTP one launch: the call its
+    capture binds (``launch.bind`` of the real kernel, so the bound plan path) through a counter.
+    A launch counts inside :meth:`replay` only (not the captures' warm-ups), by kernel: "decode",
+    "target verify", "draft extend" (``KERNELS``' names), "MTP one launch". Each counted launch
+    also tells whether its batch had more live tiles than the launch has tile programs
+    (:func:`spans`)."""
+
+    def __init__(self, monkeypatch):
+        from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
+        from sglang_dsa_mtp.integration.fallback import Fallback
+        from sglang_dsa_mtp.kernels.ops import launch
+
+        self.launches: collections.Counter = collections.Counter()  # of the on arm
+        self.repeated: collections.Counter = collections.Counter()  # of those, at a planned bs
+        self.planned: collections.Counter = collections.Counter()  # of those, the plans'
+        self.routed = weakref.WeakKeyDictionary()  # Fallback -> the bs its injection routes
+        self.spanned: collections.Counter = collections.Counter()
+        self._now: Optional[collections.Counter] = None
+        self._arm: Optional[str] = None
+        self._entered = 0  # calls of Fallback.__call__
+        enter = Fallback.__call__
+
+        def entered(fallback, *args, **kwargs):
+            self._entered += 1
+            return enter(fallback, *args, **kwargs)
+
+        monkeypatch.setattr(Fallback, "__call__", entered)
+
+        def counted_bind(function, inputs, **fixed):
+            bound = launch.bind(function, inputs, **fixed)
+
+            def call(*values) -> None:
+                bound(*values)
+                arguments = dict(zip(inputs, values), **fixed)
+                self._count("MTP one launch", arguments, planned=False, repeated=False)
+
+            return call
+
+        monkeypatch.setattr(mtp, "bind", counted_bind)
+
+    def attach(self, arm) -> None:
+        from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
+        from sglang_dsa_mtp.integration.fallback import fallback_of
+
+        for backend in arm.backends().values():
+            for attr, kernel, name in KERNELS:
+                installed = getattr(backend, attr)
+                fallback = fallback_of(installed)
+                if fallback is not None and fallback.ours is kernel:
+                    setattr(backend, attr, self._counted(installed, fallback, name))
+
+    def _counted(self, installed, fallback, name: str):
+        launched = set()  # the bs at which ours launched (made its plan)
+
+        def call(*args, **kwargs):
+            entered, bs = self._entered, kwargs.get("bs")
+            out = installed(*args, **kwargs)
+            planned = self._entered == entered
+            if planned or bs not in fallback.failed:
+                repeated = bs in launched and bs not in self.routed.get(fallback, ())
+                launched.add(bs)
+                self._count(name, kwargs, planned=planned, repeated=repeated)
+            return out
+
+        call.fallback = fallback  # fallback_of finds it through the counter
+        return call
+
+    def _count(self, name: str, kwargs: dict, *, planned: bool, repeated: bool) -> None:
+        if self._now is not None:
+            self._now[name] += 1
+            if self._arm == "on":
+                self.launches[name] += 1
+                self.repeated[name] += repeated
+                self.planned[name] += planned and repeated
+                self.spanned[name] += spans(**kwargs)
+
+    @contextlib.contextmanager
+    def replay(self, arm: str):
+        """The launches counted while ``arm`` ("on", "off") replays: a Counter by kernel."""
+        self._now, self._arm = collections.Counter(), arm
+        try:
+            yield self._now
+        finally:
+            self._now = self._arm = None
+
+
+def spans(
+    *, bs, seq_lens, max_len=None, max_seqlen_k=None, next_n=0, destinations=None, **_
+) -> bool:
+    """Whether a bounded launch of these keyword arguments (SGLang's, or the one launch's) has more
+    live ``TILE_N``-column tiles than tile programs: then some program takes several tiles, of
+    several requests where a request has at most one tile (the CPU's 128-token context). A request's
+    tiles cover its KV length (``seq_lens``, + ``next_n`` in a target verify) rounded up to SGLang's
+    128-column blocks, within the table's width; the programs are ``bounded_num_programs`` of the
+    device's default budget (the decode replay's: ``decode_programs_per_sm``)."""
+    from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import decode_programs_per_sm
+    from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
+        TILE_N,
+        bounded_num_programs,
+    )
+    from sglang_dsa_mtp.kernels.ops.host import PROGRAMS_PER_SM, default_budget
+
+    width = max_len if max_len is not None else max_seqlen_k
+    kv = seq_lens[:bs].to(torch.int64) + next_n
+    block = slice_.SGLANG_BLOCK_N
+    live_end = ((kv.clamp(min=0) + block - 1) // block * block).clamp(max=width)
+    tiles = int(((live_end + TILE_N - 1) // TILE_N).sum())
+    decode_replay = max_len is not None and destinations is None
+    per_sm = decode_programs_per_sm(bs) if decode_replay else PROGRAMS_PER_SM
+    return tiles > bounded_num_programs(bs, width, default_budget(seq_lens.device, per_sm))
+
+
+class IndexerCalls:
+    """SGLang's ``Indexer`` (its constructor, on the device; its rotary embedding, which
+    ``_get_topk_paged`` does not use, an identity) computing a draft-extend top-k of more rows than
+    its SM count (3 chunks): SGLang's ``_get_topk_paged`` with SGLang's torch paged-MQA logits
+    (``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1``) and torch top-k, over a real ``DSATokenToKVPool`` of
+    random keys, DeepGEMM's schedule a stand-in (the torch logits ignore it). New lengths at every
+    call. On the GPU: the device's SM count (the plugin's hook on ``Indexer.__init__`` compiles the
+    live copy there), 8,256 columns, 64 heads; on the CPU: 4 SMs, 2,176 columns, 16 heads."""
+
+    TOKENS = 5  # rows per request: EAGLE 4/1/5's draft extend
+
+    def __init__(self, monkeypatch, device: torch.device, generator: torch.Generator):
+        from sglang.srt.layers.attention.dsa import dsa_indexer
+        from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+        from transformers.models.deepseek_v32.configuration_deepseek_v32 import DeepseekV32Config
+
+        from support.indexer_cases import schedule_stand_in
+
+        self.device = device
+        monkeypatch.setattr(
+            dsa_indexer, "resolve_paged_mqa_logits_metadata_fn", lambda: schedule_stand_in
+        )
+        monkeypatch.setattr(dsa_indexer, "get_rope_wrapper", lambda *a, **k: torch.nn.Identity())
+        self._schedule = schedule_stand_in
+        cuda = device.type == "cuda"
+        pages_per_row, heads = (129, 64) if cuda else (34, 16)
+        self.width = pages_per_row * 64
+        config = DeepseekV32Config(index_topk=2048 if cuda else 64)
+        self.pages = 2 * pages_per_row + 1
+        # SGLang's runtime context (its parallel widths), which both constructors read.
+        with kit.serving(None):
+            with self.torch_logits(), torch.device(device):
+                self.indexer = dsa_indexer.Indexer(
+                    hidden_size=config.hidden_size,
+                    index_n_heads=config.index_n_heads,
+                    index_head_dim=config.index_head_dim,
+                    rope_head_dim=config.qk_rope_head_dim,
+                    index_topk=config.index_topk,
+                    q_lora_rank=config.q_lora_rank,
+                    max_position_embeddings=config.max_position_embeddings,
+                    rope_theta=config.rope_parameters["rope_theta"],
+                    layer_id=0,
+                    scale_fmt="ue8m0",
+                    block_size=128,
+                    is_neox_style=True,
+                    prefix="model.layers.0.self_attn.indexer",
+                    config=config,
+                )
+            self.pool = DSATokenToKVPool(
+                size=64 * self.pages,
+                page_size=64,
+                kv_lora_rank=512,
+                dtype=torch.bfloat16,
+                qk_rope_head_dim=64,
+                layer_num=1,
+                device=str(device),
+                index_head_dim=128,
+                enable_memory_saver=False,
+                kv_cache_dim=576,
+            )
+        if not cuda:
+            self.indexer.sm_count = 4  # SGLang sets resolve_num_sms() on CUDA only
+        self.sm_count = self.indexer.sm_count
+        self.requests = -(-(2 * self.sm_count + 1) // self.TOKENS)  # rows past two chunks
+        index_k = self.pool.get_index_k_with_scale_buffer(layer_id=0)
+        cpu = torch.Generator().manual_seed(generator.initial_seed())
+        values = torch.randn(index_k.shape[0], 64 * 128, generator=cpu).to(torch.float8_e4m3fn)
+        scales = torch.rand(index_k.shape[0], 64, generator=cpu) + 0.5
+        index_k.copy_(torch.cat([values.view(torch.uint8), scales.view(torch.uint8)], dim=1))
+        rows = self.requests * self.TOKENS
+        self.q = torch.randn(rows, heads, 128, generator=cpu).to(torch.float8_e4m3fn).to(device)
+        self.weights = torch.randn(rows, heads, 1, generator=cpu).to(device)
+        self.block_tables = torch.stack(
+            [
+                torch.randperm(self.pages - 1, generator=cpu)[:pages_per_row] + 1
+                for _ in range(self.requests)
+            ]
+        ).to(torch.int32)
+
+    @contextlib.contextmanager
+    def torch_logits(self):
+        """SGLang's torch paged-MQA logits and its unfused torch top-k, for the block."""
+        import sglang.srt.layers.attention.dsa.utils as dsa_utils
+
+        with slice_.switches(
+            {"SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1", "SGLANG_DSA_FUSE_TOPK": "0"}
+        ):
+            dsa_utils.resolve_fp8_paged_mqa_logits_fn.cache_clear()
+            try:
+                yield
+            finally:
+                dsa_utils.resolve_fp8_paged_mqa_logits_fn.cache_clear()
+
+    def metadata(self, prefixes: list[int]):
+        """SGLang's ``DSAIndexerMetadata`` of a draft extend of ``prefixes`` (each request's rows see
+        its prefix + 1 .. + 5 tokens)."""
+        from sglang.srt.layers.attention.dsa.dsa_indexer_metadata import DSAIndexerMetadata
+        from sglang.srt.layers.attention.dsa.dsa_topk_backend import (
+            DSATopKBackend,
+            TopkTransformMethod,
+        )
+        from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend, DSAMetadata
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        device, next_n, bs = self.device, self.TOKENS, len(prefixes)
+        seq = torch.tensor(prefixes, dtype=torch.int32, device=device)
+        cache_seqlens = seq + next_n
+        offsets = torch.arange(next_n, dtype=torch.int32, device=device).repeat(bs) + 1
+        expanded = (seq.repeat_interleave(next_n) + offsets).to(torch.int32)
+        ctx_lens = DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens(
+            SimpleNamespace(speculative_num_draft_tokens=next_n),
+            ForwardMode.DRAFT_EXTEND_V2,
+            cache_seqlens,
+            expanded,
+            bs,
+        )
+        rows = bs * next_n
+        return DSAIndexerMetadata(
+            attn_metadata=DSAMetadata(
+                page_size=64,
+                cache_seqlens_int32=cache_seqlens,
+                max_seq_len_q=next_n,
+                max_seq_len_k=self.width,
+                cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32, device=device),
+                cu_seqlens_k=None,
+                page_table_1=None,
+                real_page_table=self.block_tables.to(device).repeat_interleave(next_n, 0),
+                dsa_cache_seqlens_int32=expanded.clamp(max=self.indexer.index_topk),
+                dsa_cu_seqlens_q=None,
+                dsa_cu_seqlens_k=None,
+                dsa_extend_seq_lens_list=[next_n] * bs,
+                dsa_seqlens_expanded=expanded,
+                paged_mqa_schedule_metadata=self._schedule(ctx_lens, 64, self.sm_count),
+                paged_mqa_ctx_lens_2d=ctx_lens,
+            ),
+            topk_transform_method=TopkTransformMethod.PAGED,
+            topk_backend=DSATopKBackend.TORCH,
+        )
+
+    def topk(self, env: dict, metadata) -> torch.Tensor:
+        """SGLang's ``Indexer._get_topk_paged`` with the live-width switch at ``env``."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        batch = SimpleNamespace(forward_mode=ForwardMode.DRAFT_EXTEND_V2)
+        context = ForwardContext(attn_backend=SimpleNamespace(token_to_kv_pool=self.pool))
+        with kit.serving(None), self.torch_logits(), slice_.switches(env), forward_context(context):
+            return self.indexer._get_topk_paged(batch, 0, self.q, self.weights, metadata)
+
+    def call(self, rng: random.Random) -> Optional[str]:
+        """One call with new lengths, on and off; what differs, or None."""
+        prefixes = [
+            rng.choice([0, 1, 63, 64, 65, rng.randint(0, self.width - self.TOKENS)])
+            for _ in range(self.requests)
+        ]
+        prefixes[0] = self.width - self.TOKENS  # one row reaching the full width
+        metadata = self.metadata(prefixes)
+        ours = self.topk(slice_.ON, metadata)
+        stock = self.topk(slice_.OFF, metadata)
+        if ours.shape != stock.shape or not torch.equal(ours, stock):
+            return f"indexer top-k of prefixes {prefixes[:4]}... differs"
+        return None
+
+
+class _LogLines(logging.Handler):
+    """Every message the plugin logs, at INFO and above."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _plugin_log():
+    logger = logging.getLogger("sglang_dsa_mtp")
+    handler, level = _LogLines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def forget_all_compiled() -> None:
+    """Drop every compiled variant of our kernels and of SGLang's replay-metadata kernels (a fresh
+    server process); the live copy's start-up warm-up is then redone by :class:`IndexerCalls`."""
+    import sglang.kernels.ops.attention.dsa.metadata as sglang_metadata
+    from triton.runtime.jit import JITFunction
+
+    from sglang_dsa_mtp.kernels.ops.attention import (
+        dsa_draft_decode_metadata,
+        dsa_metadata_bounded,
+        dsa_paged_mqa_logits_live,
+    )
+
+    modules = (dsa_metadata_bounded, dsa_draft_decode_metadata, dsa_paged_mqa_logits_live)
+    kernels = [
+        value
+        for module in (*modules, sglang_metadata)
+        for value in vars(module).values()
+        if isinstance(value, JITFunction)
+    ]
+    forget_compiled(*kernels)
+    dsa_paged_mqa_logits_live._warm_devices.clear()
+
+
+class _Server:
+    """One server of the loop: its two arms, requests, injections, report."""
+
+    def __init__(
+        self,
+        config: LoopConfig,
+        launch_name: str,
+        seeded: bool,
+        captured,
+        rng,
+        gen,
+        *,
+        calls: Calls,
+        victims: dict,
+    ):
+        sizes = config.sizes
+        self.sizes, self.rng, self.gen = sizes, rng, gen
+        self.steps, _, self.tokens = kit.LAUNCHES[launch_name]
+        self.seeded = seeded
+        name = f"EAGLE {launch_name}, {'seeded' if seeded else 'unseeded'}"
+        self.report = ServerReport(name=name, captured=list(captured))
+        self.report.replays = {op: 0 for op in slice_.OPS}
+        self.captured = sorted(captured)
+        width = sizes.context + 4 + self.tokens
+        self.req_to_token = torch.zeros(sizes.pool, width, dtype=torch.int32, device=sizes.device)
+        self.req_to_token[1:].random_(0, 1 << 30, generator=gen)
+        common = dict(
+            sizes=sizes, tokens=self.tokens, req_to_token=self.req_to_token, seeded=seeded
+        )
+        start = time.perf_counter()
+        self.on = slice_.Arm("plugin on", slice_.ON, **common)
+        self.off = slice_.Arm(
+            "plugin off",
+            slice_.OFF,
+            kernels=slice_.sglang_metadata_kernels(sizes.device),
+            **common,
+        )
+        self.report.seconds["build"] = time.perf_counter() - start
+        self.requests = Requests(sizes, self.req_to_token, rng, gen)
+        self.injections: list[Injection] = []
+        self.armed = False
+        self.calls = calls
+        for arm in (self.on, self.off):
+            calls.attach(arm)
+        self.report.ours = {op: 0 for op in ENGAGED}
+        # The batch sizes at which an ENGAGED op may run SGLang's path instead of ours.
+        self.victims_of = {op: set() for op in ENGAGED}
+        if victims:
+            self.victims_of["target verify"].add(victims["warm-up"])
+            self.victims_of["draft extend"].add(victims["replay"])
+            self.victims_of["MTP one launch"].update((victims["capture"], victims["one launch"]))
+        # The rounds' random batch sizes: the victims' replayed in their own rounds only (``run``).
+        self.regular = [bs for bs in self.captured if bs not in victims.values()]
+        # (the Fallback or "MTP", the victim bs, the injection): what may fall back, and why.
+        self.injected: list[tuple[object, int, Injection]] = []
+
+    # --- injections -------------------------------------------------------------------------------
+
+    def _injection(self, where: str, what: str) -> Injection:
+        text = f"injected at {where}: {self.report.name}, {what}"
+        injection = Injection(where=where, what=f"{self.report.name}, {what}", text=text)
+        self.injections.append(injection)
+        return injection
+
+    def inject_before_capture(self, monkeypatch, victims: dict) -> None:
+        """Our target-verify kernel raising at its warm-up for ``victims["warm-up"]``, the MTP
+        capture decision raising for ``victims["capture"]``."""
+        from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
+        from sglang_dsa_mtp.integration.fallback import fallback_of
+
+        bs = victims["warm-up"]
+        verify = fallback_of(self.on.target._fused_verify_metadata)
+        if verify is not None:
+            injection = self._injection("warm-up", f"target verify bs {bs}")
+            _inject(self.calls, verify, bs, injection)
+            self.injected.append((verify, bs, injection))
+        bs = victims["capture"]
+        injection = self._injection("capture", f"MTP draft decode bs {bs}")
+        self.injected.append(("MTP", bs, injection))
+        decide, multi = mtp.one_launch_kwargs, self.on.multi
+
+        def one_launch_kwargs(owner, metas, at_bs):
+            if owner is multi and at_bs == bs:
+                injection.raised += 1
+                raise RuntimeError(injection.text)
+            return decide(owner, metas, at_bs)
+
+        monkeypatch.setattr(mtp, "one_launch_kwargs", one_launch_kwargs)
+
+    def inject_at_replay(self, monkeypatch, victims: dict) -> None:
+        """Our draft-extend kernel raising at a replay of ``victims["replay"]``, the MTP one launch
+        raising at a replay of ``victims["one launch"]``, both once :attr:`armed`."""
+        from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
+        from sglang_dsa_mtp.integration.fallback import fallback_of
+
+        armed = lambda: self.armed  # noqa: E731
+        bs = victims["replay"]
+        extend = fallback_of(self.on.extend._fused_draft_extend_metadata)
+        if extend is not None:
+            injection = self._injection("replay", f"draft extend bs {bs}")
+            _inject(self.calls, extend, bs, injection, armed)
+            self.injected.append((extend, bs, injection))
+        bs = victims["one launch"]
+        injection = self._injection("replay", f"MTP one launch bs {bs}")
+        self.injected.append(("MTP", bs, injection))
+        write, multi = mtp.write_draft_decode_metadata, self.on.multi
+
+        def write_draft_decode_metadata(owner, forward_batch, plan):
+            if owner is multi and plan.launch["bs"] == bs and self.armed:
+                injection.raised += 1
+                raise RuntimeError(injection.text)
+            return write(owner, forward_batch, plan)
+
+        monkeypatch.setattr(mtp, "write_draft_decode_metadata", write_draft_decode_metadata)
+
+    # --- capture ----------------------------------------------------------------------------------
+
+    def capture(self, counters: dict) -> None:
+        start = time.perf_counter()
+        with count_compiles() as compiled:
+            self.on.capture(self.captured)
+        counters["on capture"] += len(compiled.names)
+        self.off.capture(self.captured)
+        self.report.seconds["capture"] = time.perf_counter() - start
+        for op in slice_.OPS:
+            for bs in self.captured:
+                for name in slice_.static_differences(
+                    self.on.runners[op], self.off.runners[op], bs
+                ):
+                    self.report.mismatches.append(f"{self.report.name}, {op} bs {bs}: {name}")
+
+    def check_engaged(self) -> None:
+        """The facts that make the on arm the plugin's and the off arm SGLang's, each True when it
+        holds (the MTP capture victim's batch size aside)."""
+        from sglang_dsa_mtp.integration.fallback import fallback_of
+        from sglang_dsa_mtp.integration.state import MultiStepState, peek
+
+        facts = self.report.engaged
+        for arm, on in ((self.on, True), (self.off, False)):
+            backends = list(arm.backends().values())
+            kernels = [
+                fallback_of(getattr(b, attr)) is not None
+                for b in backends
+                for attr in ("_fused_verify_metadata", "_fused_draft_extend_metadata")
+            ]
+            dropped = [b.dsa_drop_wide_page_table for b in backends]
+            plans = peek(arm.multi, MultiStepState).batch_sizes
+            one_launch = [bs for bs in self.captured if bs in plans and plans[bs].reason is None]
+            if on:
+                facts["on: every backend has the bounded kernels"] = all(kernels)
+                facts["on: no backend has a wide page_table_1"] = all(dropped)
+                facts["on: the target has a QLEN_ONLY verify mask"] = (
+                    arm.target.verify_mask is not None
+                )
+                facts["on: the MTP draft decode takes the one launch"] = (
+                    len(one_launch) >= len(self.captured) - 1
+                )
+            else:
+                facts["off: every backend has SGLang's kernels"] = not any(kernels)
+                facts["off: every backend keeps its wide page_table_1"] = not any(dropped)
+                facts["off: the target has no verify mask"] = arm.target.verify_mask is None
+                facts["off: the MTP draft decode takes SGLang's precompute"] = not one_launch
+
+    def check_fallen_back(self) -> None:
+        """Every ``Fallback.failed`` of the on arm, and its MTP batch sizes off the one launch: the
+        injected victims whose injection raised, nothing else."""
+        from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
+        from sglang_dsa_mtp.integration.fallback import fallback_of
+        from sglang_dsa_mtp.integration.state import MultiStepState, peek
+
+        def expected(owner) -> set:
+            return {bs for o, bs, injection in self.injected if o is owner and injection.raised}
+
+        unexpected = self.report.unexpected
+        for role, backend in self.on.backends().items():
+            for attr, _, name in KERNELS:
+                fallback = fallback_of(getattr(backend, attr))
+                if fallback is not None and fallback.failed != expected(fallback):
+                    unexpected.append(
+                        f"the {role}'s {name} Fallback.failed is {sorted(fallback.failed)}, the "
+                        f"injected victims {sorted(expected(fallback))}"
+                    )
+        plans = peek(self.on.multi, MultiStepState).batch_sizes
+        off = {bs for bs, plan in plans.items() if plan.reason is not None}
+        if off != expected("MTP"):
+            unexpected.append(
+                f"the MTP batch sizes off the one launch are {sorted(off)}, the injected victims "
+                f"{sorted(expected('MTP'))}"
+            )
+
+    # --- rounds -----------------------------------------------------------------------------------
+
+    def round(self, index: int, bs: int, counters: dict) -> None:
+        sizes, rng, report = self.sizes, self.rng, self.report
+        smaller = [b for b in self.captured if b < bs]
+        raw_bs = rng.randint((smaller[-1] if smaller else 0) + 1, bs)
+        slots, lengths = self.requests.batch(raw_bs)
+        accepted = [rng.randint(1, self.tokens) for _ in slots]
+        odd = index % 2 == 1
+        device = sizes.device
+        slot_t = slice_.request_tensor(slots, device, odd=odd)
+        inputs = {
+            "draft decode": slice_.request_tensor(lengths, device, odd=odd),
+            "target verify": slice_.request_tensor(lengths, device, odd=odd),
+            "draft extend": slice_.request_tensor(
+                [n + self.tokens for n in lengths], device, odd=odd
+            ),
+        }
+        accepted_t = torch.tensor(accepted, dtype=torch.int32, device=device)
+        flags = []
+        for op in ("draft decode", "target verify", "draft extend"):
+            for arm in (self.on, self.off):
+                arm.runners[op].poison(bs, POISON)
+            extra = accepted_t if op == "draft extend" else None
+            with count_compiles() as compiled, self.calls.replay("on") as ran:
+                self.on.replay(op, bs, inputs[op], slot_t, extra)
+            counters["on"] += compiled.names
+            with count_compiles() as compiled, self.calls.replay("off") as ran_off:
+                self.off.replay(op, bs, inputs[op], slot_t, extra)
+            counters["off"] += len(compiled.names)
+            report.replays[op] += 1
+            self.engagement(f"round {index}, {op} bs {bs}", op, bs, ran, ran_off)
+            skip = slice_.INDEXER_PLANS if op == "draft decode" and self.seeded else ()
+            for name, differs in slice_.differences(
+                self.on.runners[op], self.off.runners[op], bs, skip=skip
+            ):
+                flags.append((f"{op} bs {bs} (raw {raw_bs}): {name}", differs))
+        values = [f for _, f in flags if isinstance(f, torch.Tensor)]
+        resolved = iter(torch.stack(values).tolist() if values else [])
+        report.comparisons += len(flags)
+        for label, differs in flags:
+            if isinstance(differs, torch.Tensor):
+                differs = next(resolved)
+            if differs:
+                report.mismatches.append(f"{report.name}, round {index}, {label}")
+        report.rounds += 1
+        report.requests += len(lengths)
+        report.long_requests += sum(n > sizes.long_from for n in lengths)
+        self.requests.advance(slots, accepted, self.tokens)
+
+    def engagement(self, label: str, op: str, bs: int, ran, ran_off) -> None:
+        """Count the ENGAGED ops whose ours ran in one replay of ``op`` (``ran``: the on arm's
+        launches, :class:`Calls`); note a miss outside the op's victims, and any launch of ours
+        in the off arm's replay."""
+        report = self.report
+        if ran_off:
+            report.unexpected.append(f"{label}: the plugin-off arm ran ours: {dict(ran_off)}")
+        if op == "draft decode":
+            steps = len(self.on.step_backends())
+            one_launch = ran["MTP one launch"] > 0
+            done = {"draft decode": one_launch or ran["decode"] >= steps}
+            done["MTP one launch"] = one_launch
+        else:
+            done = {op: ran[op] > 0}
+        for name, ours in done.items():
+            if ours:
+                report.ours[name] += 1
+            elif bs not in self.victims_of[name]:
+                report.unexpected.append(
+                    f"{label}: ours did not run ({name}; launches {dict(ran)})"
+                )
+
+
+def _victims(captured: list[int], rng: random.Random) -> dict:
+    """Four distinct captured batch sizes for the injections, by :data:`INJECTIONS` key, none the
+    largest (captured first, its capture writes the start-up lines)."""
+    pool = sorted(captured)[:-1]
+    if len(pool) < len(INJECTIONS):
+        raise ValueError(
+            f"the injections need {len(INJECTIONS) + 1} captured batch sizes (distinct victims "
+            f"below the largest), got {captured}: raise the max bs"
+        )
+    return dict(zip(INJECTIONS, rng.sample(pool, len(INJECTIONS))))
+
+
+def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
+    """The loop (the module docstring). ``monkeypatch`` carries the stand-ins and injections
+    (:func:`~.dsa_serving.prepare` must have run with it); ``progress(line)``, if given, is told
+    what each server did as it finishes."""
+    sizes = config.sizes
+    device = sizes.device
+    rng = random.Random(config.seed)
+    gen = torch.Generator(device=device).manual_seed(config.seed)
+    report = LoopReport(device=str(device), context=sizes.context, max_bs=sizes.max_bs)
+    pairs = list(config.servers)
+    shares = [
+        config.rounds // len(pairs) + (i < config.rounds % len(pairs)) for i in range(len(pairs))
+    ]
+    if config.inject and min(shares) < MIN_ROUNDS_INJECTED:
+        raise ValueError(
+            f"rounds={config.rounds} gives a server {min(shares)} rounds; with injections each "
+            f"needs {MIN_ROUNDS_INJECTED} ({MIN_ROUNDS_INJECTED * len(pairs)} in all)"
+        )
+    counters = {"on": [], "off": 0, "on capture": 0}
+    forward = torch.cuda.Stream() if device.type == "cuda" else None
+    if device.type != "cuda":
+        from sglang_dsa_mtp.kernels.ops import host
+
+        monkeypatch.setattr(host, "CPU_DEFAULT_BUDGET", config.cpu_budget)
+    with _plugin_log() as log:
+        forget_all_compiled()
+        indexer = _IndexerStep(config, monkeypatch, report, rng, gen)
+        calls = Calls(monkeypatch)
+        for (launch_name, seeded), share in zip(pairs, shares):
+            # Each server in a process of its own, as it were: its injections undone and its memory
+            # freed when it is done, and a fresh once-per-process log memory (the plugin's log keys
+            # name objects by id, which a later server's objects may reuse).
+            with slice_.launch(launch_name, sizes) as (_, captured), monkeypatch.context() as own:
+                own.setattr(plugin_log, "_seen", set())
+                victims = _victims(captured, rng) if config.inject else {}
+                server = _Server(
+                    config, launch_name, seeded, captured, rng, gen, calls=calls, victims=victims
+                )
+                if config.inject:
+                    server.inject_before_capture(own, victims)
+                server.capture(counters)
+                server.check_engaged()
+                if config.inject:
+                    server.inject_at_replay(own, victims)
+                start = time.perf_counter()
+                # The victims' batch sizes in their own rounds only, the capture's first, the
+                # replay injections armed from a third in; the other rounds at the other sizes.
+                arm_at = max(2, share // 3)
+                forced = {}
+                if victims:
+                    forced = {0: victims["warm-up"], 1: victims["capture"]}
+                    forced.update({arm_at: victims["replay"], arm_at + 1: victims["one launch"]})
+                if forward:  # the rounds on a stream of their own, after everything captured
+                    torch.cuda.synchronize()
+                with torch.cuda.stream(forward) if forward else contextlib.nullcontext():
+                    for index in range(share):
+                        server.armed = config.inject and index >= arm_at
+                        server.round(index, forced.get(index, rng.choice(server.regular)), counters)
+                        if indexer.due():
+                            indexer.call(server.report.name, counters)
+                if forward:
+                    torch.cuda.synchronize()
+                server.check_fallen_back()
+                server.report.seconds["rounds"] = time.perf_counter() - start
+                report.servers.append(server.report)
+                report.injections += server.injections
+                if progress is not None:
+                    progress(_progress_line(server.report))
+                del server
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        report.injections += indexer.injections
+    for injection in report.injections:
+        injection.lines = [m for m in log.messages if injection.text in m]
+    report.compiles_on = counters["on"]
+    report.compiles_off = counters["off"]
+    report.compiles_on_capture = counters["on capture"]
+    report.calls, report.spanned = dict(calls.launches), dict(calls.spanned)
+    report.repeated, report.planned = dict(calls.repeated), dict(calls.planned)
+    return report
+
+
+def engagement_table(report: LoopReport) -> str:
+    """A markdown table: per server, the plugin-on replays of each ENGAGED op that ran ours; then
+    the launches of each kernel of ours (:class:`Calls`), those with more live tiles than tile
+    programs, the repeated launches the planned path took, and the indexer calls the live copy
+    answered."""
+    from support.bench_cli import markdown_header, markdown_row
+
+    lines = [markdown_header(["server", *(f"{op}: ours ran" for op in ENGAGED)])]
+    for server in report.servers:
+        cells = ["{} of {}".format(*server.ours_of(op)) for op in ENGAGED]
+        lines.append(markdown_row([server.name, *cells]))
+    launches = ", ".join(
+        f"{kernel} {report.calls[kernel]:,} ({report.spanned.get(kernel, 0):,} with more live "
+        "tiles than programs)"
+        for kernel in sorted(report.calls)
+    )
+    planned = ", ".join(
+        f"{op} {report.planned.get(op, 0):,} of {report.repeated[op]:,}"
+        for op in PLANNED
+        if op in report.repeated
+    )
+    lines += [
+        "",
+        f"Launches of ours while the plugin-on arm replayed: {launches or 'none'}; repeated "
+        f"launches the planned path took: {planned or 'none'}; indexer calls the live copy "
+        f"answered: {report.indexer_live_calls} of {report.indexer_calls}",
+    ]
+    return "\n".join(lines)
+
+
+def _progress_line(server: ServerReport) -> str:
+    seconds = ", ".join(f"{k} {v:.1f} s" for k, v in server.seconds.items())
+    return (
+        f"{server.name}: {server.rounds} rounds, {sum(server.replays.values())} replays per arm, "
+        f"{len(server.mismatches)} mismatches ({seconds})"
+    )
+
+
+class _IndexerStep:
+    """The loop's indexer calls (:class:`IndexerCalls`), every ``indexer_every`` rounds; the live
+    copy's failure injected once, at the last call (after it, SGLang's path takes the calls of
+    that shape), after calls it answered. The plugin's memory of shapes that failed starts empty."""
+
+    def __init__(self, config: LoopConfig, monkeypatch, report: LoopReport, rng, gen):
+        from sglang_dsa_mtp.integration import dsa_indexer_live_logits
+        from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
+
+        self.every, self.inject_ok = config.indexer_every, config.inject
+        self.monkeypatch, self.report, self.rng = monkeypatch, report, rng
+        self.injections: list[Injection] = []
+        self.rounds = 0
+        self.last = config.rounds // self.every * self.every if self.every else 0
+        self.calls = None
+        monkeypatch.setattr(dsa_indexer_live_logits, "_FAILED", {})
+        if self.every:
+            try:
+                self.calls = IndexerCalls(monkeypatch, config.sizes.device, gen)
+            except Exception as exc:  # the harness's own failure: reported, the loop goes on
+                self._broken("building SGLang's Indexer", exc)
+        answered = live.chunked_paged_mqa_logits_live
+
+        def counted(*args, **kwargs):
+            out = answered(*args, **kwargs)
+            report.indexer_live_calls += 1
+            return out
+
+        monkeypatch.setattr(live, "chunked_paged_mqa_logits_live", counted)
+
+    def _broken(self, what: str, exc: Exception) -> None:
+        self.report.errors.append(f"the indexer step failed {what}: {type(exc).__name__}: {exc}")
+        self.calls = None
+
+    def due(self) -> bool:
+        """Whether the loop's next round (counted over all servers) ends with an indexer call."""
+        self.rounds += 1
+        return self.calls is not None and self.rounds % self.every == 0
+
+    def call(self, server: str, counters: dict) -> None:
+        if self.inject_ok and self.rounds == self.last and self.report.indexer_live_calls:
+            self.injections.append(_inject_indexer(self.monkeypatch))
+        try:
+            with count_compiles() as compiled:
+                differs = self.calls.call(self.rng)
+        except Exception as exc:  # the harness's own failure: reported, the loop goes on
+            self._broken("calling it", exc)
+            return
+        counters["on"] += compiled.names
+        self.report.indexer_calls += 1
+        if differs:
+            self.report.indexer_mismatches.append(f"{server}: {differs}")
+
+
+def _inject_indexer(monkeypatch) -> Injection:
+    """The live copy raising at the second chunk's launch of the next call."""
+    from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
+
+    injection = Injection(
+        where="indexer", what="live copy, second chunk", text="injected at the indexer: live copy"
+    )
+    launch, launches = live._launch_copy, []
+
+    def second_launch_raises(*args):
+        launches.append(args)
+        if len(launches) == 2:
+            injection.raised += 1
+            raise RuntimeError(injection.text)
+        return launch(*args)
+
+    monkeypatch.setattr(live, "_launch_copy", second_launch_raises)
+    return injection

@@ -3,14 +3,14 @@
 Prints SGLang's version, whether SGLang's plugin loader picks this package up, which launch the
 kernels' launch plans make under the installed Triton, the kill switches, whether each feature would
 engage here and why not, from how many running requests the live-width indexer logits engage on
-this GPU, and one row per kernel self-check. ``--no-checks`` skips the checks and the import of the
-hook targets' SGLang modules (the features then as the version, the switches and the platform
-decide, which the status says), so that it takes about as long as importing SGLang. ``--help`` and
+this GPU, one row per kernel self-check and a summary line. ``--no-checks`` skips the checks and
+the import of the hook targets' SGLang modules (the features then as the version, the switches and
+the platform decide, which the status says), so that it takes about as long as importing SGLang. ``--help`` and
 ``--version`` import neither torch nor SGLang. The exit status is 0 when SGLang's plugin loader
 loads this plugin, every kill-switch value is valid and every self-check passes; 1 when the loader
 leaves the plugin out, a value is invalid or a check fails; 2 on a bad command line. The rows come
-from :mod:`sglang_dsa_mtp.status`, the checks from the test support (``support``),
-which only this command imports, and only when it runs them.
+from :mod:`sglang_dsa_mtp.status`, the checks from :mod:`sglang_dsa_mtp.selfcheck`, which only
+this command imports, and only when it runs them.
 
 Every line on the screen is at most :data:`WIDTH` columns. The tables go to stdout: a table's last
 column wraps under its own start, a self-check's detail goes on the lines below its row. This
@@ -121,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-checks",
         action="store_true",
-        help="print the status only: no kernel self-checks (about a minute on a small CPU "
-        "machine), and the hook targets' SGLang modules not imported",
+        help="print the status only, without the kernel self-checks and without importing the "
+        "SGLang modules the plugin hooks (as fast as importing SGLang)",
     )
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {sglang_dsa_mtp.__version__}"
@@ -191,23 +191,40 @@ def _print_status(device: torch.device, device_note: str, *, resolve: bool) -> b
 
 
 def _run_checks(device: torch.device, device_note: str) -> list[str]:
-    """Run and table the self-checks; the names of those that failed."""
-    from sglang_dsa_mtp.selfcheck import run_checks
-    from support import selfchecks
+    """Run and table the self-checks that can run on ``device``, then one summary line; the names
+    of those that failed."""
+    from sglang_dsa_mtp import selfcheck
 
-    results = run_checks(selfchecks.CHECKS, device)
-    if not results:
+    on_cuda = device.type == "cuda"
+    checks = [check for check in selfcheck.CHECKS if on_cuda or not check.needs_cuda]
+    not_run = [check.name for check in selfcheck.CHECKS if check not in checks]
+    if not selfcheck.CHECKS:
         print(f"  self-checks ({device_note}): none yet")
         return []
+    results = selfcheck.run_checks(checks, device)
+    timed = any(r.ours_us is not None for _, r in results)
     print(f"  self-checks on {device_note}:\n")
-    _print_table(
-        [
-            (check.name, "ok" if r.ok else "FAIL", _us(r.ours_us), _us(r.sglang_us))
-            for check, r in results
-        ],
-        header=("self-check", "result", "ours us", "SGLang us"),
-        notes=[r.detail for _, r in results],
-    )
+    if results:
+        _print_table(
+            [
+                (check.name, "ok" if r.ok else "FAIL")
+                + ((_us(r.ours_us), _us(r.sglang_us)) if timed else ())
+                for check, r in results
+            ],
+            header=("self-check", "result") + (("ours us", "SGLang us") if timed else ()),
+            notes=[r.detail for _, r in results],
+        )
+    passed = sum(r.ok for _, r in results)
+    summary = f"{passed}/{len(results)} self-checks bit-identical to SGLang's code"
+    if not timed:
+        summary += " (untimed: Triton's interpreter on the CPU says nothing of a GPU's times)"
+    if not_run:
+        summary += (
+            f"; not run here, they need a CUDA GPU (SGLang's kernel asserts CUDA tensors; the "
+            f"test suite checks them through the interpreter): {', '.join(not_run)}"
+        )
+    for line in _wrap(summary, WIDTH - len(INDENT)):
+        print(INDENT + line)
     return [check.name for check, r in results if not r.ok]
 
 

@@ -111,10 +111,18 @@ def device_indexer_engagement(device: torch.device) -> str:
 
 def live_width_rows(resolve: bool = True) -> list[Row]:
     """(part, engages here, when or why not) for each part of the live-width switch; none when
-    the feature is off (``resolve`` as in :func:`feature_rows`)."""
-    if not plugin.feature_status(resolve)[LIVE_WIDTH.feature].enabled:
+    the switch is set off (``resolve`` as in :func:`feature_rows`). An invalid value, an untested
+    SGLang or an unresolved hook is each part's first reason."""
+    if LIVE_WIDTH.value_error() is None and not LIVE_WIDTH.state()[0]:
         return []
-    blockers = [why] if (why := LIVE_WIDTH.blocker()) else []
+    status = plugin.feature_status(resolve)[LIVE_WIDTH.feature]
+    blockers = []
+    if LIVE_WIDTH.value_error() is not None:
+        blockers.append("its switch's value is invalid")
+    elif not status.enabled:
+        blockers.append(status.reason)
+    if why := devices.cuda_blocker():
+        blockers.append(why)
     topk = [
         f"{name}=0"
         for name in ("SGLANG_DSA_FUSE_TOPK", "SGLANG_OPT_USE_TOPK_V2")

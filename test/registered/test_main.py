@@ -15,7 +15,7 @@ from support.sglang_import import require_sglang
 
 require_sglang()
 
-from sglang_dsa_mtp import hooks
+from sglang_dsa_mtp import hooks, selfcheck
 from sglang_dsa_mtp.__main__ import (
     SGLANG_IMPORT_LOG_LINES,
     SGLANG_IMPORT_WARNINGS,
@@ -25,7 +25,6 @@ from sglang_dsa_mtp.__main__ import (
 from sglang_dsa_mtp.devices import cuda_blocker
 from sglang_dsa_mtp.selfcheck import CheckResult, SelfCheck
 from sglang_dsa_mtp.switches import ACCEPTED, SWITCHES
-from support import selfchecks
 
 
 def run_main(*args, python=(), merged=False, **env):
@@ -67,7 +66,7 @@ def record_checks(monkeypatch, *results):
         return run
 
     checks = tuple(SelfCheck(f"kernel-{i}", check(r)) for i, r in enumerate(results))
-    monkeypatch.setattr(selfchecks, "CHECKS", checks)
+    monkeypatch.setattr(selfcheck, "CHECKS", checks)
     return ran
 
 
@@ -157,6 +156,39 @@ def test_without_flags_every_check_runs(monkeypatch, capsys):
     assert len(ran) == 2
 
 
+def test_the_checks_end_with_a_summary_line(monkeypatch, capsys):
+    record_checks(monkeypatch, CheckResult(True, "a"), CheckResult(False, "b"))
+    assert main() == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1/2 self-checks bit-identical to SGLang's code" in out
+
+
+def test_on_the_cpu_untimed_checks_say_why_and_cuda_checks_are_named_not_run(monkeypatch, capsys):
+    """No empty timing columns: the table has none, and the summary says why; a check that needs
+    CUDA is not run on the CPU, and the summary names it."""
+    ran = []
+    monkeypatch.setattr(
+        selfcheck,
+        "CHECKS",
+        (
+            SelfCheck("kernel-a", lambda device: ran.append("a") or CheckResult(True, "same")),
+            SelfCheck(
+                "kernel-b",
+                lambda device: ran.append("b") or CheckResult(True, "same"),
+                needs_cuda=True,
+            ),
+        ),
+    )
+    assert main() == 0
+    out = capsys.readouterr().out
+    words = " ".join(out.split())
+    assert ran == ["a"]
+    [header] = [line for line in out.splitlines() if line.strip().startswith("self-check ")]
+    assert header.split() == ["self-check", "result"]
+    assert "1/1 self-checks bit-identical to SGLang's code (untimed: Triton's interpreter" in words
+    assert "not run here, they need a CUDA GPU" in words and words.endswith("kernel-b")
+
+
 def test_with_no_checks_registered_the_command_says_so_and_passes(monkeypatch, capsys):
     record_checks(monkeypatch)
     assert main() == 0
@@ -225,7 +257,7 @@ def test_quiet_sglang_import_drops_only_the_known_warnings(caplog):
 
 def test_checks_are_tabled_with_their_timings(monkeypatch, capsys):
     monkeypatch.setattr(
-        selfchecks,
+        selfcheck,
         "CHECKS",
         (SelfCheck("kernel-a", lambda device: CheckResult(True, "identical", 1.25, 7.5)),),
     )
@@ -238,7 +270,7 @@ def test_checks_are_tabled_with_their_timings(monkeypatch, capsys):
 
 def test_a_failed_check_makes_the_exit_status_1(monkeypatch, capsys):
     monkeypatch.setattr(
-        selfchecks,
+        selfcheck,
         "CHECKS",
         (
             SelfCheck("kernel-a", lambda device: CheckResult(True, "identical")),
@@ -262,7 +294,7 @@ def test_the_command_names_a_local_build_of_the_tested_version_tested(
     from sglang_dsa_mtp import plugin
 
     monkeypatch.setattr(plugin, "sglang_version", lambda: version)
-    monkeypatch.setattr(selfchecks, "CHECKS", ())
+    monkeypatch.setattr(selfcheck, "CHECKS", ())
     assert main() == 0
     out = capsys.readouterr().out.splitlines()
     [line] = [line for line in out if line.strip().startswith("SGLang ")]
@@ -285,7 +317,7 @@ def live_width_rows(out: str) -> dict[str, str]:
 
 
 def test_the_command_says_what_the_live_width_switch_engages(monkeypatch, capsys, set_platform):
-    monkeypatch.setattr(selfchecks, "CHECKS", ())
+    monkeypatch.setattr(selfcheck, "CHECKS", ())
     set_platform(cuda=True, hip=False)
     monkeypatch.setenv("SGLANG_OPT_USE_TOPK_V2", "0")
     monkeypatch.setenv("SGLANG_DSA_BOUNDED_REPLAY_METADATA", "0")
@@ -309,8 +341,19 @@ def test_the_command_exits_1_when_sglangs_loader_leaves_the_plugin_out():
     )
 
 
+def test_an_invalid_live_width_value_keeps_its_table_with_the_reason(
+    fresh_switches, monkeypatch, capsys
+):
+    monkeypatch.setattr(selfcheck, "CHECKS", ())
+    monkeypatch.setenv("SGLANG_DSA_LIVE_WIDTH", "maybe")
+    assert main() == 1
+    rows = live_width_rows(capsys.readouterr().out)
+    assert len(rows) == 4
+    assert all(row.startswith("no its switch's value is invalid") for row in rows.values())
+
+
 def test_the_live_width_parts_are_not_listed_when_the_switch_is_off(monkeypatch, capsys):
-    monkeypatch.setattr(selfchecks, "CHECKS", ())
+    monkeypatch.setattr(selfcheck, "CHECKS", ())
     monkeypatch.setenv("SGLANG_DSA_LIVE_WIDTH", "0")
     assert main() == 0
     assert "live_width part" not in capsys.readouterr().out
@@ -367,11 +410,11 @@ def test_an_untested_sglang_fits_100_columns(monkeypatch, capsys):
 def test_every_self_check_line_fits_100_columns(monkeypatch, capsys):
     """The shipped checks' names, with GPU-length details and timings."""
     monkeypatch.setattr(
-        selfchecks,
+        selfcheck,
         "CHECKS",
         tuple(
             SelfCheck(check.name, lambda device: CheckResult(True, LONG_DETAIL, 123.25, 1585.75))
-            for check in selfchecks.CHECKS
+            for check in selfcheck.CHECKS
         ),
     )
     assert main() == 0
@@ -379,7 +422,7 @@ def test_every_self_check_line_fits_100_columns(monkeypatch, capsys):
     assert_fits(out)
     start = out.index("self-check ")
     table = out[start:].splitlines()
-    assert table[1].split() == [selfchecks.CHECKS[0].name.split()[0], *table[1].split()[1:]]
+    assert table[1].split() == [selfcheck.CHECKS[0].name.split()[0], *table[1].split()[1:]]
     assert table[1].split()[-3:] == ["ok", "123.2", "1585.8"]
     detail = []
     for line in table[2:]:

@@ -6,10 +6,10 @@ benchmark script puts it there itself, and ``test/gpu_env.sh`` for the GPU runne
 
 - ``reference``: SGLang 0.5.23's own pure-Triton kernels, loaded by file path (the references),
   SGLang's speculative kernels with stand-ins for the platform helpers they import;
-- ``metadata_cases``: replay-metadata scenarios with poisoned buffers, and their self-checks;
+- ``metadata_cases``: replay-metadata scenarios with poisoned buffers;
 - ``differential``: seeded random replay-metadata cases and their budgets, for the GPU
   differential tests against SGLang's kernels;
-- ``argmax_cases``: greedy-draft argmax scenarios (tie / NaN / inf rows), and their self-check;
+- ``argmax_cases``: greedy-draft argmax scenarios (tie / NaN / inf rows);
 - ``dsa_backends``: SGLang's real DSA backends built by its own constructors in a published EAGLE
   launch, off the GPU (CPU or meta device), with stand-ins for its native and JIT leaves, their
   graph captures and replays; ``CpuDsaServer`` for the replay-metadata hook sites;
@@ -39,8 +39,6 @@ benchmark script puts it there itself, and ``test/gpu_env.sh`` for the GPU runne
 - ``timing``: CUDA-graph and host timing, and the floors printed beside every figure;
 - ``scripts``: loading a benchmark or e2e script as a module, its options and their help;
 - ``bench_cli``: the benchmark scripts' shared options and output;
-- ``selfchecks``: the self-checks ``python -m sglang_dsa_mtp`` runs (what one returns is
-  ``sglang_dsa_mtp.selfcheck``'s);
 - ``e2e``: the end-to-end kit (stock SGLang against SGLang with the plugin) behind the scripts of
   ``benchmark/e2e/``;
 - ``constants``: the sizes and sentinels the tests and benchmarks share;

@@ -1,4 +1,4 @@
-"""Draft argmax exchange scenarios shared by the tests, the benchmark and ``python -m sglang_dsa_mtp``.
+"""Draft argmax exchange scenarios shared by the tests and the benchmarks.
 
 * :func:`make_overlay` / :func:`make_logits`: global ``[rows, tp_size * shard_width]`` logits whose
   rows carry the hard cases of the greedy pick (:data:`PATTERNS`: ties inside a split, across splits
@@ -11,7 +11,6 @@
 * :func:`reference_pick`: the gathered path of SGLang 0.5.23: the logits sliced to
   ``[:, :vocab_size]``, converted to fp32, then SGLang's own ``draft_topk1_postprocess`` (loaded by
   file path, ``nan_policy="sanitize"``) or ``torch.argmax`` (``"propagate"``).
-* :func:`check_draft_argmax_exchange`: the self-check of ``python -m sglang_dsa_mtp``.
 
 Real TP groups (SGLang's on CPUs or GPUs, a raw NCCL one) are in :mod:`support.tp`.
 """
@@ -24,10 +23,8 @@ from typing import Optional
 import torch
 
 from sglang_dsa_mtp.kernels.ops.speculative import draft_argmax_partials as dap
-from sglang_dsa_mtp.selfcheck import CheckResult
 from support.constants import POISON
 from support.reference import topk1_module
-from support.timing import cuda_graph_time_us
 
 VOCAB = 154880  # GLM-5 / the spec's draft-step table
 HIDDEN = 6144
@@ -399,56 +396,3 @@ def check_pick(
     if not differing:
         return []
     return [f"{nan_policy}: {', '.join(differing)} differ; {describe(ours, want, names)}"]
-
-
-def check_draft_argmax_exchange(device: torch.device) -> CheckResult:
-    """Draft argmax partials of emulated TP 2 / 4 / 8 ranks, summed in several orders, finalized
-    with both NaN policies vs SGLang's gathered pick (``draft_topk1_postprocess``, ``torch.argmax``)
-    on bf16 logits with tie / NaN / inf rows; on the GPU timed at TP 4 against the postprocess."""
-    gen = torch.Generator().manual_seed(2)
-    vocab, rows = (VOCAB, 16) if device.type == "cuda" else (20011, 4)
-    for tp in (2, 4, 8):
-        width = padded_shard_width(vocab, tp)
-        logits, names = make_logits(
-            rows, tp, width, vocab, dtype=torch.bfloat16, generator=gen, first_pattern=tp
-        )
-        logits = logits.to(device)
-        buffers = rank_buffers(logits, tp, vocab)
-        problems = slot_violations(buffers, vocab)
-        sums = [sum_buffers(buffers, order) for order in sum_orders(tp, gen)]
-        if not all(torch.equal(sums[0], other) for other in sums[1:]):
-            problems.append("the summed exchange depends on the order of the ranks")
-        for policy in dap.NAN_POLICIES:
-            problems += check_pick(sums[0], logits, vocab, policy, names=names)
-        if problems:
-            return CheckResult(False, f"TP {tp}: {problems[0]}")
-    detail = (
-        f"TP 2/4/8 emulated, vocab {vocab}, rows {rows}, bf16 with tie / NaN / inf rows, both NaN "
-        "policies: bit-identical to the gathered pick"
-    )
-    if device.type != "cuda":
-        return CheckResult(True, detail)
-    tp = 4
-    width = padded_shard_width(vocab, tp)
-    logits = make_logits(rows, tp, width, vocab, dtype=torch.bfloat16, generator=gen)[0]
-    logits = logits.to(device)
-    shard = logits[:, :width].contiguous()
-    exchange = sum_buffers(rank_buffers(logits, tp, vocab))
-    out = torch.empty_like(exchange)
-    gathered = logits[:, :vocab].float()
-    positions, draft_tokens = pick_state(rows, device)
-    postprocess = topk1_module().draft_topk1_postprocess
-
-    def ours():
-        dap.draft_argmax_partials(shard, tp_rank=0, tp_size=tp, vocab_size=vocab, out=out)
-        dap.draft_argmax_finalize(exchange, positions, draft_tokens, 1)
-
-    ours_us = cuda_graph_time_us(ours)
-    sglang_us = cuda_graph_time_us(lambda: postprocess(gathered, positions, draft_tokens, 1))
-    return CheckResult(
-        True,
-        detail + " (times at TP 4: one rank's partials + finalize vs draft_topk1_postprocess on "
-        "the gathered fp32 logits, communication not included)",
-        ours_us,
-        sglang_us,
-    )

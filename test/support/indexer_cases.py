@@ -20,8 +20,7 @@ schedule call with its arguments, and :func:`call_differences` compares two arms
 :func:`stock_logits` and :func:`live_logits` compute the logits of a :class:`PagedMQACase` the way
 SGLang does and the way the plugin's hook does (the same closure chunk by chunk, then
 ``chunked_paged_mqa_logits_live``); :func:`live_mismatches` compares their live columns bit for bit.
-:class:`StandInCall` runs both at SGLang's 1M width with a stand-in for DeepGEMM (the benchmark and
-the self-check's timing); :func:`check_live_logits` is the self-check of ``python -m sglang_dsa_mtp``.
+:class:`StandInCall` runs both at SGLang's 1M width with a stand-in for DeepGEMM (the benchmark).
 """
 
 from __future__ import annotations
@@ -35,10 +34,7 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 from sglang_dsa_mtp.kernels.ops.host import cdiv
-from sglang_dsa_mtp.selfcheck import CheckResult
-from support.constants import WIDTH_1M
 from support.reference import load_sglang_file, sglang_function
-from support.timing import cuda_graph_time_us
 
 HEAD_DIM = 128  # the indexer's head dim (DeepSeek-V3.2, GLM-5)
 HEADS = 64  # DeepSeek-V3.2's index heads
@@ -453,40 +449,3 @@ class StandInCall:
     def mismatches(self) -> list[int]:
         """Rows whose live columns differ between ours and SGLang's concat."""
         return live_mismatches(self.ours(), self.stock(), self.lens[:, 0])
-
-
-def check_live_logits(device: torch.device) -> CheckResult:
-    """Chunked indexer logits, ours against SGLang's concat: on SGLang's torch paged-MQA logits with
-    edge lengths, the live columns bit for bit and the top-k after SGLang's masking and top-k; on
-    the GPU timed at 240 rows, 1k live, 1M width (DeepGEMM stand-in, see :class:`StandInCall`)."""
-    gen = torch.Generator().manual_seed(0)
-    if device.type == "cuda":
-        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-        width, heads = 8256, HEADS
-        live.warm_up(device)
-    else:
-        sm_count, width, heads = 4, 2176, 8
-    rows = 2 * sm_count + 5
-    case = make_paged_mqa_case(
-        edge_lengths(rows, width), width=width, heads=heads, device=device, generator=gen
-    )
-    stock, ours = stock_logits(case, sm_count), live_logits(case, sm_count)
-    differing = live_mismatches(ours, stock, case.lengths)
-    if differing:
-        return CheckResult(False, f"live columns of rows {differing[:8]} differ from SGLang's")
-    masks = dict(num_init_tokens=2, num_local_tokens=3)
-    expected = sglang_topk(stock, case.lengths, 2048, **masks)
-    if not torch.equal(sglang_topk(ours, case.lengths, 2048, **masks), expected):
-        return CheckResult(False, "top-k indices differ from SGLang's")
-    detail = f"{rows} rows in chunks of {sm_count}, width {width}: live columns and top-k identical"
-    if device.type != "cuda":
-        return CheckResult(True, detail)
-    call = StandInCall(240, 1024, WIDTH_1M, sm_count, device)
-    ours_us = cuda_graph_time_us(lambda: (call.ours(), None)[1])
-    sglang_us = cuda_graph_time_us(lambda: (call.stock(), None)[1])
-    return CheckResult(
-        True,
-        detail + " (times: 240 rows, 1k live, 1M width, DeepGEMM stand-in)",
-        ours_us,
-        sglang_us,
-    )

@@ -1,4 +1,4 @@
-"""Replay-metadata scenarios shared by the tests, the benchmark and ``python -m sglang_dsa_mtp``.
+"""Replay-metadata scenarios shared by the tests and the benchmarks.
 
 A :class:`MetadataCase` holds the inputs of one replay-metadata call (decode, target verify or draft
 extend) in SGLang 0.5.23's keyword form, makes poisoned output buffers for it, and runs any arm on
@@ -8,9 +8,6 @@ arms compares every element of every output buffer, including what both must lea
 For the MTP draft decode, a decode case's buffers are made once per draft step backend:
 :func:`run_draft_decode_multi` writes them all in our one launch, :func:`run_stock_draft_decode` the way
 SGLang 0.5.23 does (its decode kernel into a ``torch.empty`` scratch, then full-width copies).
-
-:func:`check_bounded_replay_metadata` and :func:`check_draft_decode_metadata` are the self-checks of
-``python -m sglang_dsa_mtp``.
 """
 
 from __future__ import annotations
@@ -26,10 +23,8 @@ import triton
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_draft_decode_metadata as draft
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
-from sglang_dsa_mtp.selfcheck import CheckResult
 from support.constants import POISON, SMALL_WIDTH, WIDTH_1M
 from support.reference import kpool_module, metadata_module
-from support.timing import cuda_graph_time_us
 
 SPARE = 2  # rows / entries past the live batch in every output buffer, which must stay untouched
 OPS = ("decode", "verify", "draft_extend")
@@ -397,86 +392,6 @@ def run_stock_draft_decode(
         for dst, src in pairs:
             dst.copy_(src)
     return outs
-
-
-# ------------------------------------------------------------------------------------------------
-# Self-checks of ``python -m sglang_dsa_mtp``
-# ------------------------------------------------------------------------------------------------
-
-
-def check_bounded_replay_metadata(device: torch.device) -> CheckResult:
-    """The three bounded replay-metadata kernels against SGLang's, whole poisoned buffers."""
-    gen = torch.Generator().manual_seed(0)
-    if device.type == "cuda":
-        width, bs = WIDTH_1M, 16  # SGLang's default 1M-token table
-    else:
-        width, bs = SMALL_WIDTH, 3
-    req_to_token = torch.randint(0, 1 << 30, (2 * bs, width), dtype=torch.int32, generator=gen)
-    req_to_token = req_to_token.to(device)
-    ours_us = sglang_us = 0.0
-    for op in OPS:
-        lengths = torch.randint(0, width - 8, (bs,), generator=gen).tolist()
-        case = make_case(
-            op,
-            lengths,
-            width=width,
-            device=device,
-            next_n=5,
-            req_to_token=req_to_token,
-            generator=gen,
-        )
-        expected, actual = case.run("sglang", case.outputs()), case.run("bounded", case.outputs())
-        differing = [
-            name
-            for name, t in expected.items()
-            if t is not None and not torch.equal(t, actual[name])
-        ]
-        if differing:
-            return CheckResult(False, f"{op}: {', '.join(differing)} differ from SGLang's")
-        if device.type == "cuda":
-            ours_us += cuda_graph_time_us(lambda: case.run("bounded", actual))
-            sglang_us += cuda_graph_time_us(lambda: case.run("sglang", expected))
-    detail = (
-        f"decode + verify + draft extend, bs {bs}, width {width}, random lengths: bit-identical"
-    )
-    if device.type != "cuda":
-        return CheckResult(True, detail)
-    return CheckResult(True, detail + " (times: the three ops together)", ours_us, sglang_us)
-
-
-def check_draft_decode_metadata(device: torch.device) -> CheckResult:
-    """One launch into 3 draft step backends' buffers vs SGLang's decode kernel run into each one's
-    own poisoned buffers, whole buffers; on the GPU timed against the stock precompute + copies."""
-    steps = 3
-    gen = torch.Generator().manual_seed(1)
-    if device.type == "cuda":
-        width, bs = WIDTH_1M, 16
-    else:
-        width, bs = SMALL_WIDTH, 3
-    lengths = torch.randint(0, width + 1, (bs,), generator=gen).tolist()
-    case = make_case("decode", lengths, width=width, device=device, pool_rows=2 * bs, generator=gen)
-    ours = run_draft_decode_multi(case, [case.outputs() for _ in range(steps)])
-    for i, out in enumerate(ours):
-        expected = case.run("sglang", case.outputs())
-        differing = [
-            name for name, t in expected.items() if t is not None and not torch.equal(t, out[name])
-        ]
-        if differing:
-            return CheckResult(
-                False, f"step backend {i}: {', '.join(differing)} differ from SGLang's"
-            )
-    detail = (
-        f"{steps} step backends, bs {bs}, width {width}, random lengths: each bit-identical to "
-        "SGLang's decode kernel"
-    )
-    if device.type != "cuda":
-        return CheckResult(True, detail)
-    stock = [case.outputs() for _ in range(steps)]
-    ours_us = cuda_graph_time_us(lambda: run_draft_decode_multi(case, ours))
-    stock_us = cuda_graph_time_us(lambda: run_stock_draft_decode(case, stock))
-    return CheckResult(
-        True, detail + " (SGLang time: its decode kernel + copies)", ours_us, stock_us
-    )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Timing on a CUDA device, shared by the self-checks, the GPU tests and the benchmarks.
+"""Timing on a CUDA device, shared by the GPU tests and the benchmarks.
 
 The method of docs/baselines.md: CUDA-graph replays after a warm-up, medians, optionally a cold L2
 (:func:`cuda_graph_time_us`), several arms' graphs replayed in turn (:func:`interleaved_graphs_us`);

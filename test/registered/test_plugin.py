@@ -388,7 +388,7 @@ def test_register_logs_which_features_are_on_at_info(fresh_plugin, caplog):
 @pytest.mark.parametrize(
     "release, path",
     [
-        ("3.6.0", "launch plans: direct (Triton 3.6.0's compiled-kernel launcher, read for 3.4,"),
+        ("3.6.0", "launch plans: direct: Triton 3.6.0's compiled-kernel launcher, without"),
         (
             "3.9.0",
             "launch plans: JIT path at every call (Triton 3.9.0: the compiled-kernel launcher",

@@ -53,10 +53,16 @@ def test_without_a_gpu_the_h200_is_the_example():
 @pytest.mark.parametrize(
     "release, path",
     [
-        ("3.6.0", "direct (Triton 3.6.0's compiled-kernel launcher"),
-        ("3.8.0+git1234abcd", "direct (Triton 3.8.0+git1234abcd's compiled-kernel launcher"),
-        ("3.9.0", "JIT path at every call (Triton 3.9.0: the compiled-kernel launcher is read for"),
-        ("3.3.1", "JIT path at every call (Triton 3.3.1: the compiled-kernel launcher is read for"),
+        ("3.6.0", "direct: Triton 3.6.0's compiled-kernel launcher"),
+        ("3.8.0+git1234abcd", "direct: Triton 3.8.0+git1234abcd's compiled-kernel launcher"),
+        (
+            "3.9.0",
+            "JIT path at every call (Triton 3.9.0: the compiled-kernel launcher's arguments are known",
+        ),
+        (
+            "3.3.1",
+            "JIT path at every call (Triton 3.3.1: the compiled-kernel launcher's arguments are known",
+        ),
     ],
 )
 def test_the_status_says_which_launch_the_launch_plans_make(

@@ -58,17 +58,18 @@ def launch_path() -> str:
     if DIRECT_LAUNCH:
         native = ", ".join(".".join(map(str, release)) for release in NATIVE_LAUNCH_TRITON)
         beneath = (
-            f"; the C launch beneath it, read for {native}"
+            f"; its C launch, known for {native}, is called beneath it"
             if TRITON_RELEASE in NATIVE_LAUNCH_TRITON
             else ""
         )
         return (
-            f"direct (Triton {TRITON_VERSION}'s compiled-kernel launcher, read for {known}"
-            f"{beneath})"
+            f"direct: Triton {TRITON_VERSION}'s compiled-kernel launcher, without Triton's "
+            f"per-call dispatch (its arguments known for Triton {known}{beneath})"
         )
     return (
-        f"JIT path at every call (Triton {TRITON_VERSION}: the compiled-kernel launcher is read "
-        f"for {known} only; the same kernels, with Triton's per-call dispatch on the host)"
+        f"JIT path at every call (Triton {TRITON_VERSION}: the compiled-kernel launcher's "
+        f"arguments are known for {known} only; the same kernels, with Triton's per-call dispatch "
+        "on the host)"
     )
 
 

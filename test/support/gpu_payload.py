@@ -43,7 +43,7 @@ PAYLOAD = f"{SGLANG}-gpu.tar.xz"
 # module reachable from the tests' imports names (check_closure proves it for every build).
 EXCLUDED = ("sglang/multimodal_gen/",)
 TRANSFER_LIMIT = 64 * 2**20  # what travels to a lent CUDA machine with one command, in bytes
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]  # test/support/ -> the checkout
 # Where the tests, the test support and the benchmarks name SGLang's modules.
 SOURCES = ("python/sglang_dsa_mtp", "test", "benchmark")
 _DOTTED = re.compile(r"sglang(\.\w+)+")
@@ -223,11 +223,12 @@ print(json.dumps(dict(failed=failed, outside=outside,
 
 
 def check_imports(files: Path, modules, hidden=(), repo: Path = REPO) -> dict:
-    """Import ``modules`` in a fresh interpreter whose path starts with ``files`` and this checkout's
-    ``python/`` (so an installed SGLang is shadowed), with the packages ``hidden`` made unimportable.
+    """Import ``modules`` in a fresh interpreter whose path starts with ``files``, this checkout's
+    ``python/`` and ``test/`` (so an installed SGLang is shadowed), with the packages ``hidden`` made unimportable.
     Returns ``failed`` (module: error), ``outside`` (SGLang modules loaded from anywhere but
     ``files``) and the count of SGLang modules ``imported``."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(files), str(repo / "python")]))
+    paths = [str(files), str(repo / "python"), str(repo / "test")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     files_prefix = str(files.resolve()) + os.sep
     result = subprocess.run(
         [

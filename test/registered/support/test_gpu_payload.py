@@ -131,3 +131,12 @@ def test_the_import_check_loads_sglang_from_the_payload_only(tmp_path):
     )
     assert list(result["failed"]) == ["sglang.srt.nope"]
     assert result["outside"] == [] and result["imported"] >= 3
+
+
+def test_the_sources_are_this_checkouts():
+    """The default repository is the checkout this module lies in: the tests name SGLang's modules
+    (a wrong root finds no source and makes every check pass on nothing)."""
+    assert (gpu_payload.REPO / "test" / "support" / "gpu_payload.py").is_file()
+    assert all((gpu_payload.REPO / source).is_dir() for source in gpu_payload.SOURCES)
+    modules, _ = gpu_payload.named_by_sources()
+    assert "sglang.srt.layers.attention.dsa_backend" in modules

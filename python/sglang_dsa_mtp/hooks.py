@@ -4,7 +4,8 @@
 AFTER, AROUND); ``ATTRIBUTES`` the few names the plugin adds to SGLang classes (an opt-in method, a
 field default, a property), which ``HookRegistry`` cannot create. Each row names the kill switches
 whose features need it; ``plugin.register()`` registers a feature's rows whole or not at all, and a
-row two features share once. Hooks are named as ``"<module>:<function>"`` strings and imported only
+row two features share once. The targets are named in ``sglang_surface`` (every SGLang name the
+plugin hooks, in one place); hooks are named as ``"<module>:<function>"`` strings and imported only
 by ``register()``, so importing this module imports no hook code.
 """
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.plugins.hook_registry import HookType
 
+from sglang_dsa_mtp import sglang_surface as sg
 from sglang_dsa_mtp.switches import (
     BOUNDED_REPLAY_METADATA,
     DRAFT_ARGMAX_EXCHANGE,
@@ -55,20 +57,6 @@ class PluginAttribute:
 
 _BOUNDED, _EXCHANGE, _LIVE = (BOUNDED_REPLAY_METADATA,), (DRAFT_ARGMAX_EXCHANGE,), (LIVE_WIDTH,)
 _VERIFY = (VERIFY_ARGMAX_EXCHANGE,)
-_DSA = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
-_MULTI_STEP = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
-_MANAGER = "sglang.srt.layers.attention.dsa.dsa_metadata_manager.DSAMetadataManagementMixin"
-_INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer"
-_PAGED_MQA = "sglang.kernels.ops.attention.dsa.paged_mqa_logits"
-_LOGITS = "sglang.srt.layers.logits_processor"
-_EAGLE = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
-_EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
-_EXTEND_RUNNER = (
-    "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner"
-)
-_TOPK1 = "sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess"
-_VERIFY_SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
-_TREE_GREEDY = "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_func"
 _OURS = "sglang_dsa_mtp.integration"
 
 HOOKS: tuple[PluginHook, ...] = (
@@ -76,13 +64,13 @@ HOOKS: tuple[PluginHook, ...] = (
     # each with SGLang's kernel as its per-bs fallback; compiled as each bs's graph metadata is built.
     PluginHook(
         _BOUNDED,
-        f"{_MANAGER}._init_kpool_metadata_fusion",
+        sg.INIT_KPOOL_METADATA_FUSION,
         HookType.AFTER,
         f"{_OURS}.dsa_metadata_selection:select_bounded_metadata_kernels",
     ),
     PluginHook(
         _BOUNDED,
-        f"{_DSA}._build_forward_metadata_cuda_graph",
+        sg.BUILD_FORWARD_METADATA_CUDA_GRAPH,
         HookType.AFTER,
         f"{_OURS}.dsa_metadata_capture:warm_up_captured_bs",
     ),
@@ -90,13 +78,13 @@ HOOKS: tuple[PluginHook, ...] = (
     # (bounded), or per step backend when their wide tables are dropped (live width).
     PluginHook(
         _BOUNDED,
-        f"{_MULTI_STEP}.__init__",
+        sg.MULTI_STEP_INIT,
         HookType.AROUND,
         f"{_OURS}.dsa_mtp_draft_metadata:keep_seed_flag",
     ),
     PluginHook(
         _BOUNDED + _LIVE,
-        f"{_MULTI_STEP}.init_forward_metadata_out_graph",
+        sg.MULTI_STEP_METADATA,
         HookType.AROUND,
         f"{_OURS}.dsa_mtp_draft_metadata:draft_decode_metadata",
     ),
@@ -106,32 +94,37 @@ HOOKS: tuple[PluginHook, ...] = (
     # The _get_logits hook serves the target-verify exchange too (its target verify calls).
     PluginHook(
         _EXCHANGE + _VERIFY,
-        f"{_LOGITS}.LogitsProcessor._get_logits",
+        sg.GET_LOGITS,
         HookType.AROUND,
         f"{_OURS}.verify_argmax_exchange:exchange_logits",
     ),
     PluginHook(
         _EXCHANGE,
-        f"{_LOGITS}.LogitsProcessor.forward",
+        sg.LOGITS_FORWARD,
         HookType.AFTER,
         f"{_OURS}.draft_argmax_exchange:attach_partials",
     ),
     PluginHook(
         _EXCHANGE,
-        f"{_EAGLE}._capture_cuda_graphs",
+        sg.CAPTURE_DRAFT_GRAPHS,
         HookType.BEFORE,
         f"{_OURS}.eagle_draft_argmax:opt_in_draft_model",
     ),
-    PluginHook(_EXCHANGE, _TOPK1, HookType.AROUND, f"{_OURS}.eagle_draft_argmax:draft_decode_pick"),
     PluginHook(
         _EXCHANGE,
-        f"{_EXTEND_RUNNER}.execute",
+        sg.DRAFT_TOPK1_POSTPROCESS,
+        HookType.AROUND,
+        f"{_OURS}.eagle_draft_argmax:draft_decode_pick",
+    ),
+    PluginHook(
+        _EXCHANGE,
+        sg.DRAFT_EXTEND_EXECUTE,
         HookType.AROUND,
         f"{_OURS}.eagle_draft_argmax:draft_extend_replay_pick",
     ),
     PluginHook(
         _EXCHANGE,
-        f"{_EAGLE}._draft_extend_for_decode",
+        sg.DRAFT_EXTEND_FOR_DECODE,
         HookType.AROUND,
         f"{_OURS}.eagle_draft_argmax:draft_extend_for_decode",
     ),
@@ -142,27 +135,30 @@ HOOKS: tuple[PluginHook, ...] = (
     # for any other batch.
     PluginHook(
         _VERIFY,
-        f"{_EAGLE_V2}.init_attention_backends",
+        sg.INIT_ATTENTION_BACKENDS,
         HookType.AFTER,
         f"{_OURS}.eagle_verify_argmax:opt_in_target_model",
     ),
     PluginHook(
-        _VERIFY, _VERIFY_SAMPLE, HookType.AROUND, f"{_OURS}.eagle_verify_argmax:verify_sample"
+        _VERIFY, sg.EAGLE_SAMPLE, HookType.AROUND, f"{_OURS}.eagle_verify_argmax:verify_sample"
     ),
     PluginHook(
-        _VERIFY, _TREE_GREEDY, HookType.AROUND, f"{_OURS}.eagle_verify_argmax:greedy_verify_pick"
+        _VERIFY,
+        sg.VERIFY_TREE_GREEDY,
+        HookType.AROUND,
+        f"{_OURS}.eagle_verify_argmax:greedy_verify_pick",
     ),
     # Live width, indexer: logits of more rows than SMs joined by their live columns, not a
     # full-width concat; the copy kernel compiled when the indexer is built.
     PluginHook(
         _LIVE,
-        f"{_PAGED_MQA}.deepgemm_paged_mqa_logits_split",
+        sg.PAGED_MQA_LOGITS_SPLIT,
         HookType.AROUND,
         f"{_OURS}.dsa_indexer_live_logits:live_width_split",
     ),
     PluginHook(
         _LIVE,
-        f"{_INDEXER}.__init__",
+        sg.INDEXER_INIT,
         HookType.AFTER,
         f"{_OURS}.dsa_indexer_live_logits:warm_up_live_logits",
     ),
@@ -170,24 +166,22 @@ HOOKS: tuple[PluginHook, ...] = (
     # its spec clause lifted), else one real_page_table per backend; the DSA target's verify tree
     # mask QLEN_ONLY and not read (no bs x context FULL_MASK per round). The multi-step backend's
     # graph state also drops the one launch's per-bs plans (bounded).
-    PluginHook(
-        _LIVE, f"{_DSA}.__init__", HookType.AFTER, f"{_OURS}.dsa_verify_mask:remember_runner"
-    ),
+    PluginHook(_LIVE, sg.DSA_INIT, HookType.AFTER, f"{_OURS}.dsa_verify_mask:remember_runner"),
     PluginHook(
         _LIVE,
-        f"{_DSA}.init_cuda_graph_state",
+        sg.DSA_INIT_CUDA_GRAPH_STATE,
         HookType.AROUND,
         f"{_OURS}.dsa_graph_page_tables:init_graph_state",
     ),
     PluginHook(
         _LIVE,
-        f"{_DSA}._init_kpool_metadata_capture",
+        sg.INIT_KPOOL_METADATA_CAPTURE,
         HookType.BEFORE,
         f"{_OURS}.dsa_graph_page_tables:capture_into_shared_real_table",
     ),
     PluginHook(
         _BOUNDED + _LIVE,
-        f"{_MULTI_STEP}.init_cuda_graph_state",
+        sg.MULTI_STEP_INIT_CUDA_GRAPH_STATE,
         HookType.AROUND,
         f"{_OURS}.dsa_graph_page_tables:steps_graph_state",
     ),
@@ -196,20 +190,20 @@ HOOKS: tuple[PluginHook, ...] = (
 ATTRIBUTES: tuple[PluginAttribute, ...] = (
     PluginAttribute(
         DRAFT_ARGMAX_EXCHANGE,
-        f"{_LOGITS}.LogitsProcessor.enable_draft_argmax_exchange",
+        f"{sg.LOGITS_PROCESSOR}.enable_draft_argmax_exchange",
         f"{_OURS}.draft_argmax_exchange:enable_draft_argmax_exchange",
     ),
     PluginAttribute(
         DRAFT_ARGMAX_EXCHANGE,
-        f"{_LOGITS}.LogitsProcessorOutput.next_token_argmax_partials",
+        f"{sg.LOGITS_PROCESSOR_OUTPUT}.next_token_argmax_partials",
         f"{_OURS}.draft_argmax_exchange:NO_PARTIALS",
     ),
     # The DSA backend's own verify_mask property, in front of AttentionBackend's (None).
     PluginAttribute(
         LIVE_WIDTH,
-        f"{_DSA}.verify_mask",
+        f"{sg.DSA}.verify_mask",
         f"{_OURS}.dsa_verify_mask:verify_mask",
-        shadows="sglang.srt.layers.attention.base_attn_backend.AttentionBackend",
+        shadows=sg.ATTENTION_BACKEND,
     ),
 )
 
@@ -238,7 +232,6 @@ def why_off(switch: KillSwitch) -> str | None:
 
 def unapplied_hooks(switch: KillSwitch) -> list[str]:
     """The targets of ``switch``'s hook rows that SGLang's ``HookRegistry`` has not patched (it
-    logs and skips a target that fails to apply). The one place that reads its private
-    ``_patched`` set."""
-    patched = getattr(HookRegistry, "_patched", set())
+    logs and skips a target that fails to apply)."""
+    patched = sg.patched_targets()
     return [row.target for row in rows_of(switch) if row.target not in patched]

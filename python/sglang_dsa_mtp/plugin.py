@@ -3,8 +3,9 @@
 SGLang's ``load_plugins()`` calls ``register()`` in every server process (entry point ``dsa_mtp`` in
 the group ``sglang.srt.plugins``), then applies the registered hooks. A feature is registered whole
 or not at all: it stays off, and SGLang keeps its own path, when the installed SGLang is not a
-version we tested, when its kill switch is off, or when any of its rows does not resolve (a hook
-target that is missing, an attribute SGLang already defines). ``register()`` never raises into SGLang.
+version we tested, when its kill switch is off, when any of its rows does not resolve (a hook
+target that is missing, an attribute SGLang already defines), or when SGLang lacks a private name it
+reads (``sglang_surface``). ``register()`` never raises into SGLang.
 Its one start-up line at INFO gives each feature's decision and, with the bounded replay metadata
 on, which launch its launch plans make under the installed Triton (``launch.launch_path``).
 """
@@ -22,7 +23,7 @@ from sglang.srt.environ import envs
 from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
 from sglang.srt.plugins.hook_registry import HookRegistry
 
-from sglang_dsa_mtp import hooks
+from sglang_dsa_mtp import hooks, sglang_surface
 from sglang_dsa_mtp.hooks import PluginAttribute, PluginHook
 from sglang_dsa_mtp.kernels.ops import launch
 from sglang_dsa_mtp.log import logger
@@ -126,8 +127,9 @@ class _Unresolved(LookupError):
 
 
 def _resolve_rows(switch: KillSwitch) -> tuple[list, list]:
-    """Every hook and attribute row of ``switch``'s feature, resolved; raises naming the first that
-    does not resolve."""
+    """Every hook and attribute row of ``switch``'s feature, resolved, and the private SGLang names
+    it reads probed (``sglang_surface.missing``); raises naming the first row that does not
+    resolve, or every name SGLang lacks."""
     resolved, attributes = [], []
     for row in hooks.rows_of(switch):
         try:
@@ -144,6 +146,9 @@ def _resolve_rows(switch: KillSwitch) -> tuple[list, list]:
             raise _Unresolved(
                 f"attribute {row.target} cannot be added ({type(exc).__name__}: {exc})"
             ) from exc
+    lacking = sglang_surface.missing(switch)
+    if lacking:
+        raise _Unresolved(f"SGLang lacks {', '.join(lacking)}, which it reads")
     return resolved, attributes
 
 

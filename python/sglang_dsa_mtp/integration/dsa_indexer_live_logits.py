@@ -21,14 +21,11 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from sglang_dsa_mtp import sglang_surface
 from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 from sglang_dsa_mtp.log import gate_failure, log_failure, log_once
 from sglang_dsa_mtp.switches import LIVE_WIDTH
-
-# SGLang 0.5.23's closure, as ``deepgemm_paged_mqa_logits_split`` receives it.
-CLOSURE_QUALNAME = "Indexer._get_topk_paged.<locals>._chunked_fp8_paged_mqa_logits"
-SCHEDULE_FN = "resolve_paged_mqa_logits_metadata_fn"  # the closure's chunk-schedule resolver
 
 # Call shapes (rows, width, device) that failed once: SGLang's concat for good.
 _FAILED: dict[tuple, str] = {}
@@ -47,12 +44,12 @@ def sglang_closure(fn) -> Optional[_Closure]:
     """``fn``'s chunking parameters when it is SGLang 0.5.23's ``_chunked_fp8_paged_mqa_logits``,
     else None."""
     code = getattr(fn, "__code__", None)
-    if getattr(fn, "__qualname__", None) != CLOSURE_QUALNAME or code is None:
+    if getattr(fn, "__qualname__", None) != sglang_surface.CHUNKED_LOGITS_CLOSURE or code is None:
         return None
     cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in fn.__closure__ or ())))
     indexer, blocksize = cells.get("self"), cells.get("blocksize")
     sm_count = getattr(indexer, "sm_count", None)
-    resolve = fn.__globals__.get(SCHEDULE_FN)
+    resolve = fn.__globals__.get(sglang_surface.CHUNK_SCHEDULE_RESOLVER)
     for value in (sm_count, blocksize):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             return None

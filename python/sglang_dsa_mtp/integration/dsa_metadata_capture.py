@@ -25,15 +25,15 @@ import inspect
 import logging
 
 import torch
-from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 from sglang.srt.runtime_context import get_platform
 
+from sglang_dsa_mtp import sglang_surface
 from sglang_dsa_mtp.integration.dsa_metadata_selection import selected_kernel
 from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.integration.state import BackendState, state_of
 from sglang_dsa_mtp.log import log_failure, log_once, logger
 
-_BUILD = inspect.signature(DeepseekSparseAttnBackend._build_forward_metadata_cuda_graph)
+_BUILD = inspect.signature(sglang_surface.resolve(sglang_surface.BUILD_FORWARD_METADATA_CUDA_GRAPH))
 
 
 def warm_up_captured_bs(result, *args, **kwargs):
@@ -137,7 +137,7 @@ def replay_kwargs(backend, bs: int, mode, seq_lens, req_pool_indices) -> dict:
     in ``mode`` (one :func:`replay_kernel` runs ours for). ``seq_lens`` / ``req_pool_indices``: the
     graph runner's input buffers (the capture batch's)."""
     metadata = backend.decode_cuda_graph_metadata[bs]
-    width = backend._graph_page_table_width(metadata)
+    width = sglang_surface.graph_page_table_width(backend, metadata)
     common = dict(
         seq_lens=seq_lens[:bs],
         req_pool_indices=req_pool_indices[:bs],

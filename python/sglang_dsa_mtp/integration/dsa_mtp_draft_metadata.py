@@ -23,9 +23,9 @@ import inspect
 import logging
 
 import torch
-from sglang.srt.layers.attention.dsa_backend import _to_2d_context_lens
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, build_inner_fb_view
 
+from sglang_dsa_mtp import sglang_surface
 from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.integration.state import DraftDecodeBs, MultiStepState, peek, state_of
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
@@ -247,11 +247,9 @@ def load_precompute_copies(multi) -> None:
     has_real_page_table = first.physical_page_size > 1
     has_flashmla = first.dsa_decode_impl == "flashmla_kv"
     try:
-        from sglang.kernels.ops.attention.dsa import fused_metadata_copy as copies
-
-        if multi.speculative_num_steps > 3:
-            copies._jit_fused_metadata_copy_multi_module(has_real_page_table, has_flashmla)
-        copies._jit_fused_metadata_copy_module(0, has_real_page_table, has_flashmla)
+        sglang_surface.load_metadata_copies(
+            multi.speculative_num_steps > 3, has_real_page_table, has_flashmla
+        )
     except Exception as exc:
         log_once(
             logging.WARNING,
@@ -282,7 +280,7 @@ def one_launch_kwargs(multi, metas, bs: int) -> dict:
             for m in metas
         ],
         bs=bs,
-        max_len=first._graph_page_table_width(m0),
+        max_len=sglang_surface.graph_page_table_width(first, m0),
         dsa_index_topk=first.dsa_index_topk,
         physical_page_size=page_size,
     )
@@ -297,9 +295,7 @@ def write_draft_decode_metadata(multi, forward_batch, plan: DraftDecodeBs) -> No
         backend.set_dsa_prefill_impl(forward_batch=None)
     plan.call(forward_batch.seq_lens, forward_batch.req_pool_indices)
     if first.dsa_decode_impl == "flashmla_kv":
-        flashmla = first._compute_flashmla_metadata(
-            cache_seqlens=m0.dsa_cache_seqlens_int32[:bs], seq_len_q=1
-        )
+        flashmla = sglang_surface.flashmla_metadata(first, m0.dsa_cache_seqlens_int32[:bs], 1)
         for m in metas:
             m.flashmla_metadata.slice(slice(0, bs + 1)).copy_(flashmla)
     if not peek(multi, MultiStepState).seeded:
@@ -348,7 +344,8 @@ def _plan_copies(src, dst, bs: int):
             continue
         if have is None and name == "paged_mqa_ctx_lens_2d":
             # SGLang's refresh stores a (bs, 1) view of the step's own lengths here.
-            object.__setattr__(dst, name, _to_2d_context_lens(dst.cache_seqlens_int32, bs))
+            ctx_lens = sglang_surface.to_2d_context_lens(dst.cache_seqlens_int32, bs)
+            object.__setattr__(dst, name, ctx_lens)
             continue
         if want is None or have is None or want.shape != have.shape or want.dtype != have.dtype:
             return None
@@ -358,9 +355,8 @@ def _plan_copies(src, dst, bs: int):
 
 def _refresh_indexer_plans(backend, metadata, bs: int) -> None:
     """What SGLang's replay refreshes for the indexer of a decode step, from the new lengths."""
-    ctx_lens = _to_2d_context_lens(metadata.cache_seqlens_int32, bs)
-    backend._refresh_paged_mqa_schedule_metadata(metadata, ctx_lens)
-    backend._refresh_topk_v2_plan(metadata)
+    ctx_lens = sglang_surface.to_2d_context_lens(metadata.cache_seqlens_int32, bs)
+    sglang_surface.refresh_indexer_plans(backend, metadata, ctx_lens)
     if metadata.paged_mqa_ctx_lens_2d is None:
         object.__setattr__(metadata, "paged_mqa_ctx_lens_2d", ctx_lens)
     else:

@@ -1,0 +1,207 @@
+"""Every SGLang 0.5.23 name the plugin hooks, and every private one it reads or calls, in one place.
+
+SGLang's public interface does not reach what the plugin changes: the hooks sit on SGLang's methods
+(private ones among them) and the hook sites call private helpers of SGLang's classes. Each such
+name is declared here once, in :data:`SURFACE`, with the kill switches whose features need it; the
+integration modules reach a private name only through this module's functions (a test fails on a
+private SGLang name used anywhere else). ``plugin.register()`` probes the surface once
+(:func:`missing`): a name the installed SGLang lacks turns off every feature that needs it, SGLang
+keeping its own path there, and one log line names it. The next SGLang release is an audit of this
+file, not of the whole tree.
+
+A name is probed by resolving it as SGLang's ``HookRegistry`` resolves a target (the module by
+``pkgutil``, then ``getattr``); an attribute an SGLang class sets on its instances is probed by its
+store in the class's ``__init__``.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+from dataclasses import dataclass
+
+from sglang_dsa_mtp.switches import (
+    BOUNDED_REPLAY_METADATA,
+    DRAFT_ARGMAX_EXCHANGE,
+    LIVE_WIDTH,
+    VERIFY_ARGMAX_EXCHANGE,
+    KillSwitch,
+)
+
+# SGLang's classes and modules the names below belong to.
+DSA = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
+DSA_MODULE = "sglang.srt.layers.attention.dsa_backend"
+MULTI_STEP = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
+MANAGER = "sglang.srt.layers.attention.dsa.dsa_metadata_manager.DSAMetadataManagementMixin"
+INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer"
+PAGED_MQA = "sglang.kernels.ops.attention.dsa.paged_mqa_logits"
+METADATA_COPIES = "sglang.kernels.ops.attention.dsa.fused_metadata_copy"
+LOGITS = "sglang.srt.layers.logits_processor"
+EAGLE_DRAFT = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
+EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
+EXTEND_RUNNER = (
+    "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner"
+)
+GROUP = "sglang.srt.distributed.parallel_state.GroupCoordinator"
+HOOK_REGISTRY = "sglang.srt.plugins.hook_registry.HookRegistry"
+
+_BOUNDED, _DRAFT, _VERIFY, _LIVE = (
+    (BOUNDED_REPLAY_METADATA,),
+    (DRAFT_ARGMAX_EXCHANGE,),
+    (VERIFY_ARGMAX_EXCHANGE,),
+    (LIVE_WIDTH,),
+)
+_EXCHANGES = _DRAFT + _VERIFY
+_ALL = _BOUNDED + _EXCHANGES + _LIVE
+
+
+@dataclass(frozen=True)
+class Name:
+    """One SGLang name: its dotted ``path``, the ``switches`` whose features need it, and what the
+    plugin does with it (``use``). ``instance``: an attribute SGLang's class sets in ``__init__``.
+    """
+
+    path: str
+    switches: tuple[KillSwitch, ...]
+    use: str
+    instance: bool = False
+
+
+# --- the hook targets (hooks.HOOKS names them through these) --------------------------------------
+
+INIT_KPOOL_METADATA_FUSION = f"{MANAGER}._init_kpool_metadata_fusion"
+BUILD_FORWARD_METADATA_CUDA_GRAPH = f"{DSA}._build_forward_metadata_cuda_graph"
+INIT_KPOOL_METADATA_CAPTURE = f"{DSA}._init_kpool_metadata_capture"
+DSA_INIT = f"{DSA}.__init__"
+DSA_INIT_CUDA_GRAPH_STATE = f"{DSA}.init_cuda_graph_state"
+MULTI_STEP_INIT = f"{MULTI_STEP}.__init__"
+MULTI_STEP_METADATA = f"{MULTI_STEP}.init_forward_metadata_out_graph"
+MULTI_STEP_INIT_CUDA_GRAPH_STATE = f"{MULTI_STEP}.init_cuda_graph_state"
+PAGED_MQA_LOGITS_SPLIT = f"{PAGED_MQA}.deepgemm_paged_mqa_logits_split"
+INDEXER_INIT = f"{INDEXER}.__init__"
+GET_LOGITS = f"{LOGITS}.LogitsProcessor._get_logits"
+LOGITS_FORWARD = f"{LOGITS}.LogitsProcessor.forward"
+CAPTURE_DRAFT_GRAPHS = f"{EAGLE_DRAFT}._capture_cuda_graphs"
+DRAFT_EXTEND_FOR_DECODE = f"{EAGLE_DRAFT}._draft_extend_for_decode"
+DRAFT_TOPK1_POSTPROCESS = "sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess"
+DRAFT_EXTEND_EXECUTE = f"{EXTEND_RUNNER}.execute"
+INIT_ATTENTION_BACKENDS = f"{EAGLE_V2}.init_attention_backends"
+EAGLE_SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
+VERIFY_TREE_GREEDY = "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_func"
+
+# The classes that get an attribute of the plugin's (hooks.ATTRIBUTES).
+LOGITS_PROCESSOR = f"{LOGITS}.LogitsProcessor"
+LOGITS_PROCESSOR_OUTPUT = f"{LOGITS}.LogitsProcessorOutput"
+ATTENTION_BACKEND = "sglang.srt.layers.attention.base_attn_backend.AttentionBackend"
+
+# --- the private names the hook sites read or call -------------------------------------------------
+
+SURFACE: tuple[Name, ...] = (
+    Name(f"{HOOK_REGISTRY}._patched", _ALL, "which hook targets SGLang patched (hooks.why_off)"),
+    Name(f"{DSA}._graph_page_table_width", _BOUNDED, "the replay's page-table width"),
+    Name(f"{DSA_MODULE}._to_2d_context_lens", _BOUNDED, "the MTP steps' 2-D context lengths"),
+    Name(
+        f"{DSA}._refresh_paged_mqa_schedule_metadata",
+        _BOUNDED,
+        "the unseeded MTP steps' DeepGEMM schedule, refreshed once",
+    ),
+    Name(f"{DSA}._refresh_topk_v2_plan", _BOUNDED, "the unseeded MTP steps' top-k v2 plan"),
+    Name(f"{DSA}._compute_flashmla_metadata", _BOUNDED, "FlashMLA's metadata of the MTP steps"),
+    Name(
+        f"{METADATA_COPIES}._jit_fused_metadata_copy_module",
+        _BOUNDED,
+        "SGLang's MTP copies, loaded before a replay can fall back to them",
+    ),
+    Name(
+        f"{METADATA_COPIES}._jit_fused_metadata_copy_multi_module",
+        _BOUNDED,
+        "SGLang's MTP copies, loaded before a replay can fall back to them",
+    ),
+    Name(
+        f"{INDEXER}._get_topk_paged",
+        _LIVE,
+        "the method whose closure _chunked_fp8_paged_mqa_logits the live copy recognises",
+    ),
+)
+
+
+def instance_attribute_stored(owner: type, name: str) -> bool:
+    """Whether ``owner.__init__`` (or a base's) stores ``self.<name>``."""
+    for cls in owner.__mro__:
+        init = vars(cls).get("__init__")
+        if init is not None and name in getattr(init, "__code__", None).co_names:
+            return True
+    return False
+
+
+def resolve(path: str):
+    """The SGLang object at the dotted ``path``, resolved as ``HookRegistry`` resolves a target."""
+    owner_path, _, attr = path.rpartition(".")
+    return getattr(pkgutil.resolve_name(owner_path), attr)
+
+
+def resolves(name: Name) -> bool:
+    """Whether the installed SGLang has ``name``."""
+    owner_path, _, attr = name.path.rpartition(".")
+    try:
+        owner = pkgutil.resolve_name(owner_path)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    if name.instance:
+        return isinstance(owner, type) and instance_attribute_stored(owner, attr)
+    return hasattr(owner, attr)
+
+
+def missing(switch: KillSwitch) -> list[str]:
+    """The private names ``switch``'s feature needs that the installed SGLang lacks."""
+    return [name.path for name in SURFACE if switch in name.switches and not resolves(name)]
+
+
+# --- the accessors: the only code of the plugin that touches a private SGLang name -----------------
+
+
+def patched_targets() -> set[str]:
+    """The hook targets SGLang's ``HookRegistry`` has patched (it logs and skips one that fails)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    return set(getattr(HookRegistry, "_patched", ()))
+
+
+def graph_page_table_width(backend, metadata) -> int:
+    """The page-table width a DSA backend's CUDA-graph replay passes its metadata kernel."""
+    return backend._graph_page_table_width(metadata)
+
+
+def to_2d_context_lens(cache_seqlens, bs: int):
+    """SGLang's ``(bs, 1)`` view of a decode step's context lengths, as its indexer reads them."""
+    from sglang.srt.layers.attention import dsa_backend
+
+    return dsa_backend._to_2d_context_lens(cache_seqlens, bs)
+
+
+def refresh_indexer_plans(backend, metadata, ctx_lens_2d) -> None:
+    """What SGLang's decode replay refreshes for a step's indexer: the DeepGEMM paged-MQA schedule
+    and the top-k v2 plan, from ``ctx_lens_2d``."""
+    backend._refresh_paged_mqa_schedule_metadata(metadata, ctx_lens_2d)
+    backend._refresh_topk_v2_plan(metadata)
+
+
+def flashmla_metadata(backend, cache_seqlens, seq_len_q: int):
+    """FlashMLA's tile-scheduler metadata for ``cache_seqlens`` (a new tensor)."""
+    return backend._compute_flashmla_metadata(cache_seqlens=cache_seqlens, seq_len_q=seq_len_q)
+
+
+def load_metadata_copies(multi_step: bool, has_real_page_table: bool, has_flashmla: bool) -> None:
+    """Load (the first load compiles) SGLang's JIT metadata-copy modules of its MTP precompute +
+    copies: the one-step copy, and with ``multi_step`` the three-step copy, at its decode cache keys.
+    """
+    from sglang.kernels.ops.attention.dsa import fused_metadata_copy as copies
+
+    if multi_step:
+        copies._jit_fused_metadata_copy_multi_module(has_real_page_table, has_flashmla)
+    copies._jit_fused_metadata_copy_module(0, has_real_page_table, has_flashmla)
+
+
+# SGLang's chunked-logits closure, as ``deepgemm_paged_mqa_logits_split`` receives it, and the
+# global it resolves its chunk schedule with.
+CHUNKED_LOGITS_CLOSURE = "Indexer._get_topk_paged.<locals>._chunked_fp8_paged_mqa_logits"
+CHUNK_SCHEDULE_RESOLVER = "resolve_paged_mqa_logits_metadata_fn"

@@ -455,29 +455,7 @@ def _mentions(fact: Fact, page: Path) -> list[tuple[str, dict[str, str]]]:
     return found
 
 
-# Disagreements on pages this change does not edit, each with why: the test expects them to fail
-# (strictly: once the page agrees, the entry must go).
-KNOWN_DISAGREEMENTS = {
-    "docs/related-work.md": "rewritten apart; it still quotes 2048-column splits and the sweep's"
-    " target-verify point of an earlier run (3.1 us)",
-}
-
-
-@pytest.mark.parametrize(
-    "doc",
-    [
-        pytest.param(
-            path,
-            marks=(
-                [pytest.mark.xfail(strict=True, reason=KNOWN_DISAGREEMENTS[name])]
-                if (name := path.relative_to(ROOT).as_posix()) in KNOWN_DISAGREEMENTS
-                else []
-            ),
-        )
-        for path in PAGES
-    ],
-    ids=lambda p: p.relative_to(ROOT).as_posix(),
-)
+@pytest.mark.parametrize("doc", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_figure_a_page_repeats_equals_its_source(doc):
     """Every mention of each fact of ``FACTS`` on the page states what its source holds."""
     wrong = []

@@ -25,41 +25,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 TEST = "test/registered/integration/test_serving_loop.py"
 ALL_DEVICES = ("cpu", "gpu")
-# name -> (file under python/sglang_dsa_mtp, text, its replacement, the devices whose test sees it)
+# The packages a bug may patch (the repository folder, the package's name), copied whole.
+PACKAGES = (("python/sglang_dsa_mtp", "sglang_dsa_mtp"), ("test/support", "support"))
+# name -> (file in the repository, text, its replacement, the devices whose test sees it)
 BUGS = {
     "sglang-as-ours": (
-        "integration/dsa_metadata_selection.py",
+        "python/sglang_dsa_mtp/integration/dsa_metadata_selection.py",
         "Fallback(ours, sglang, what=",
         "Fallback(sglang, sglang, what=",
         ALL_DEVICES,
     ),
     "verify-raises": (
-        "kernels/ops/attention/dsa_metadata_bounded.py",
+        "python/sglang_dsa_mtp/kernels/ops/attention/dsa_metadata_bounded.py",
         '    """Target-verify replay metadata, bit-identical',
         '    raise RuntimeError("the verify kernel raises at every call")\n'
         '    """Target-verify replay metadata, bit-identical',
         ALL_DEVICES,
     ),
     "compile-counter-disconnected": (
-        "testing/compiles.py",
+        "test/support/compiles.py",
         "    runtime.jit_post_compile_hook = hook\n",
         "",
         ("gpu",),
     ),
     "dsa-cache-seqlens-not-compared": (
-        "testing/dsa_serving.py",
+        "test/support/dsa_serving.py",
         '    "dsa_cache_seqlens_int32",\n',
         "",
         ALL_DEVICES,
     ),
     "real-page-table-to-pages": (
-        "kernels/ops/attention/dsa_metadata_common.py",
+        "python/sglang_dsa_mtp/kernels/ops/attention/dsa_metadata_common.py",
         "tl.minimum(tl.cdiv(kv, BLOCK_N) * BLOCK_N, width)",
         "tl.minimum(tl.cdiv(kv, physical_page_size) * physical_page_size, width)",
         ALL_DEVICES,
     ),
     "program-stays-on-its-request": (
-        "kernels/ops/attention/dsa_metadata_common.py",
+        "python/sglang_dsa_mtp/kernels/ops/attention/dsa_metadata_common.py",
         "        if tile >= tile_end:\n",
         "        if tile < 0:\n",
         ALL_DEVICES,
@@ -68,10 +70,13 @@ BUGS = {
 
 
 def apply(name: str, into: Path) -> None:
-    """The package copied into ``into`` with bug ``name`` applied (exactly one occurrence)."""
+    """The plugin and the test support copied into ``into`` with bug ``name`` applied (exactly one
+    occurrence)."""
     path, old, new, _ = BUGS[name]
-    shutil.copytree(ROOT / "python" / "sglang_dsa_mtp", into / "sglang_dsa_mtp")
-    target = into / "sglang_dsa_mtp" / path
+    for folder, package in PACKAGES:
+        shutil.copytree(ROOT / folder, into / package)
+    folder, package = next((f, p) for f, p in PACKAGES if path.startswith(f"{f}/"))
+    target = into / package / Path(path).relative_to(folder)
     text = target.read_text()
     if text.count(old) != 1:
         raise LookupError(f"{path} has {text.count(old)} occurrences of {old!r}, not 1")
@@ -84,7 +89,9 @@ def run_bug(name: str, gpu: bool) -> tuple[bool, str, float]:
         apply(name, Path(tmp))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [tmp, env.get("PYTHONPATH")]))
+        # the copies first: the test support by pytest's pythonpath, which names test/ otherwise
         command = [sys.executable, "-m", "pytest", TEST, "-x", "-q", "-p", "no:warnings"]
+        command += ["-o", f"pythonpath={tmp}"]
         command += ["-m", "gpu", "-k", "gpu"] if gpu else ["-k", "cpu"]
         start = time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)

@@ -108,32 +108,32 @@ HOOKS: tuple[PluginHook, ...] = (
         _EXCHANGE + _VERIFY,
         f"{_LOGITS}.LogitsProcessor._get_logits",
         HookType.AROUND,
-        f"{_OURS}.verify_argmax_exchange:exchange_logits",
+        f"{_OURS}.vocab_shard_exchange:exchange_logits",
     ),
     PluginHook(
         _EXCHANGE,
         f"{_LOGITS}.LogitsProcessor.forward",
         HookType.AFTER,
-        f"{_OURS}.draft_argmax_exchange:attach_partials",
+        f"{_OURS}.vocab_shard_exchange:attach_partials",
     ),
     PluginHook(
         _EXCHANGE,
         f"{_EAGLE}._capture_cuda_graphs",
         HookType.BEFORE,
-        f"{_OURS}.eagle_draft_argmax:opt_in_draft_model",
+        f"{_OURS}.eagle_argmax:opt_in_draft_model",
     ),
-    PluginHook(_EXCHANGE, _TOPK1, HookType.AROUND, f"{_OURS}.eagle_draft_argmax:draft_decode_pick"),
+    PluginHook(_EXCHANGE, _TOPK1, HookType.AROUND, f"{_OURS}.eagle_argmax:draft_decode_pick"),
     PluginHook(
         _EXCHANGE,
         f"{_EXTEND_RUNNER}.execute",
         HookType.AROUND,
-        f"{_OURS}.eagle_draft_argmax:draft_extend_replay_pick",
+        f"{_OURS}.eagle_argmax:draft_extend_replay_pick",
     ),
     PluginHook(
         _EXCHANGE,
         f"{_EAGLE}._draft_extend_for_decode",
         HookType.AROUND,
-        f"{_OURS}.eagle_draft_argmax:draft_extend_for_decode",
+        f"{_OURS}.eagle_argmax:draft_extend_for_decode",
     ),
     # Target-verify argmax exchange (beyond the spec): the EAGLE v2 worker opts the target's
     # LogitsProcessor in before any capture; in target verify it keeps its vocab shard and picks
@@ -144,14 +144,10 @@ HOOKS: tuple[PluginHook, ...] = (
         _VERIFY,
         f"{_EAGLE_V2}.init_attention_backends",
         HookType.AFTER,
-        f"{_OURS}.eagle_verify_argmax:opt_in_target_model",
+        f"{_OURS}.eagle_argmax:opt_in_target_model",
     ),
-    PluginHook(
-        _VERIFY, _VERIFY_SAMPLE, HookType.AROUND, f"{_OURS}.eagle_verify_argmax:verify_sample"
-    ),
-    PluginHook(
-        _VERIFY, _TREE_GREEDY, HookType.AROUND, f"{_OURS}.eagle_verify_argmax:greedy_verify_pick"
-    ),
+    PluginHook(_VERIFY, _VERIFY_SAMPLE, HookType.AROUND, f"{_OURS}.eagle_argmax:verify_sample"),
+    PluginHook(_VERIFY, _TREE_GREEDY, HookType.AROUND, f"{_OURS}.eagle_argmax:greedy_verify_pick"),
     # Live width, indexer: logits of more rows than SMs joined by their live columns, not a
     # full-width concat; the copy kernel compiled when the indexer is built.
     PluginHook(
@@ -197,12 +193,12 @@ ATTRIBUTES: tuple[PluginAttribute, ...] = (
     PluginAttribute(
         DRAFT_ARGMAX_EXCHANGE,
         f"{_LOGITS}.LogitsProcessor.enable_draft_argmax_exchange",
-        f"{_OURS}.draft_argmax_exchange:enable_draft_argmax_exchange",
+        f"{_OURS}.vocab_shard_exchange:enable_draft_argmax_exchange",
     ),
     PluginAttribute(
         DRAFT_ARGMAX_EXCHANGE,
         f"{_LOGITS}.LogitsProcessorOutput.next_token_argmax_partials",
-        f"{_OURS}.draft_argmax_exchange:NO_PARTIALS",
+        f"{_OURS}.vocab_shard_exchange:NO_PARTIALS",
     ),
     # The DSA backend's own verify_mask property, in front of AttentionBackend's (None).
     PluginAttribute(

@@ -96,37 +96,37 @@ HOOKS: tuple[PluginHook, ...] = (
         _EXCHANGE + _VERIFY,
         sg.GET_LOGITS,
         HookType.AROUND,
-        f"{_OURS}.verify_argmax_exchange:exchange_logits",
+        f"{_OURS}.vocab_shard_exchange:exchange_logits",
     ),
     PluginHook(
         _EXCHANGE,
         sg.LOGITS_FORWARD,
         HookType.AFTER,
-        f"{_OURS}.draft_argmax_exchange:attach_partials",
+        f"{_OURS}.vocab_shard_exchange:attach_partials",
     ),
     PluginHook(
         _EXCHANGE,
         sg.CAPTURE_DRAFT_GRAPHS,
         HookType.BEFORE,
-        f"{_OURS}.eagle_draft_argmax:opt_in_draft_model",
+        f"{_OURS}.eagle_argmax:opt_in_draft_model",
     ),
     PluginHook(
         _EXCHANGE,
         sg.DRAFT_TOPK1_POSTPROCESS,
         HookType.AROUND,
-        f"{_OURS}.eagle_draft_argmax:draft_decode_pick",
+        f"{_OURS}.eagle_argmax:draft_decode_pick",
     ),
     PluginHook(
         _EXCHANGE,
         sg.DRAFT_EXTEND_EXECUTE,
         HookType.AROUND,
-        f"{_OURS}.eagle_draft_argmax:draft_extend_replay_pick",
+        f"{_OURS}.eagle_argmax:draft_extend_replay_pick",
     ),
     PluginHook(
         _EXCHANGE,
         sg.DRAFT_EXTEND_FOR_DECODE,
         HookType.AROUND,
-        f"{_OURS}.eagle_draft_argmax:draft_extend_for_decode",
+        f"{_OURS}.eagle_argmax:draft_extend_for_decode",
     ),
     # Target-verify argmax exchange (beyond the spec): the EAGLE v2 worker opts the target's
     # LogitsProcessor in before any capture; in target verify it keeps its vocab shard and picks
@@ -137,16 +137,11 @@ HOOKS: tuple[PluginHook, ...] = (
         _VERIFY,
         sg.INIT_ATTENTION_BACKENDS,
         HookType.AFTER,
-        f"{_OURS}.eagle_verify_argmax:opt_in_target_model",
+        f"{_OURS}.eagle_argmax:opt_in_target_model",
     ),
+    PluginHook(_VERIFY, sg.EAGLE_SAMPLE, HookType.AROUND, f"{_OURS}.eagle_argmax:verify_sample"),
     PluginHook(
-        _VERIFY, sg.EAGLE_SAMPLE, HookType.AROUND, f"{_OURS}.eagle_verify_argmax:verify_sample"
-    ),
-    PluginHook(
-        _VERIFY,
-        sg.VERIFY_TREE_GREEDY,
-        HookType.AROUND,
-        f"{_OURS}.eagle_verify_argmax:greedy_verify_pick",
+        _VERIFY, sg.VERIFY_TREE_GREEDY, HookType.AROUND, f"{_OURS}.eagle_argmax:greedy_verify_pick"
     ),
     # Live width, indexer: logits of more rows than SMs joined by their live columns, not a
     # full-width concat; the copy kernel compiled when the indexer is built.
@@ -191,12 +186,12 @@ ATTRIBUTES: tuple[PluginAttribute, ...] = (
     PluginAttribute(
         DRAFT_ARGMAX_EXCHANGE,
         f"{sg.LOGITS_PROCESSOR}.enable_draft_argmax_exchange",
-        f"{_OURS}.draft_argmax_exchange:enable_draft_argmax_exchange",
+        f"{_OURS}.vocab_shard_exchange:enable_draft_argmax_exchange",
     ),
     PluginAttribute(
         DRAFT_ARGMAX_EXCHANGE,
         f"{sg.LOGITS_PROCESSOR_OUTPUT}.next_token_argmax_partials",
-        f"{_OURS}.draft_argmax_exchange:NO_PARTIALS",
+        f"{_OURS}.vocab_shard_exchange:NO_PARTIALS",
     ),
     # The DSA backend's own verify_mask property, in front of AttentionBackend's (None).
     PluginAttribute(

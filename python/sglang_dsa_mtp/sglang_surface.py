@@ -42,6 +42,9 @@ EXTEND_RUNNER = (
     "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner"
 )
 GROUP = "sglang.srt.distributed.parallel_state.GroupCoordinator"
+CUSTOM_ALL_REDUCE_V2 = (
+    "sglang.srt.distributed.device_communicators.custom_all_reduce_v2.CustomAllReduceV2"
+)
 HOOK_REGISTRY = "sglang.srt.plugins.hook_registry.HookRegistry"
 
 _BOUNDED, _DRAFT, _VERIFY, _LIVE = (
@@ -121,14 +124,62 @@ SURFACE: tuple[Name, ...] = (
         _LIVE,
         "the method whose closure _chunked_fp8_paged_mqa_logits the live copy recognises",
     ),
+    Name(f"{LOGITS_PROCESSOR}._compute_lm_head", _EXCHANGES, "the rank's LM-head shard logits"),
+    Name(
+        f"{LOGITS_PROCESSOR}._logits_gatherer",
+        _EXCHANGES,
+        "the processor's logits all-gather, run ahead and for a batch that needs full logits",
+        instance=True,
+    ),
+    Name(
+        f"{LOGITS_PROCESSOR}._copy_logits_to_buffer",
+        _VERIFY,
+        "the cast of the verify's full logits into SGLang's logits buffer",
+    ),
+    Name(
+        f"{GROUP}._can_use_flashinfer_allreduce",
+        _EXCHANGES,
+        "which all-reduce the exchange buffer takes inside a capture",
+    ),
+    Name(
+        f"{GROUP}._resolve_outplace_all_reduce_method",
+        _EXCHANGES,
+        "which all-reduce the exchange buffer takes inside a capture",
+    ),
+    Name(
+        f"{CUSTOM_ALL_REDUCE_V2}._pick_config",
+        _EXCHANGES,
+        "whether the custom all-reduce v2 takes the exchange buffer inside a capture",
+    ),
+    Name(
+        f"{CUSTOM_ALL_REDUCE_V2}._is_graph_mode_supported",
+        _EXCHANGES,
+        "whether the custom all-reduce v2 takes the exchange buffer inside a capture",
+        instance=True,
+    ),
+)
+
+# SGLang's models whose forward returns the LogitsProcessor's output untouched (read in 0.5.23; the
+# targets' forward is DeepseekV2ForCausalLM.forward, which the others inherit): the argmax
+# exchanges engage only for these.
+DRAFT_MODELS = (
+    "sglang.srt.models.deepseek_nextn.DeepseekV3ForCausalLMNextN",
+    "sglang.srt.models.glm4_moe.GlmMoeDsaForCausalLMNextN",
+    "sglang.srt.models.glm5_next_nextn.Glm5NextForConditionalGenerationNextN",
+)
+TARGET_MODELS = (
+    "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM",
+    "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM",
+    "sglang.srt.models.deepseek_v2.DeepseekV32ForCausalLM",
+    "sglang.srt.models.glm4_moe.GlmMoeDsaForCausalLM",
 )
 
 
 def instance_attribute_stored(owner: type, name: str) -> bool:
     """Whether ``owner.__init__`` (or a base's) stores ``self.<name>``."""
     for cls in owner.__mro__:
-        init = vars(cls).get("__init__")
-        if init is not None and name in getattr(init, "__code__", None).co_names:
+        code = getattr(vars(cls).get("__init__"), "__code__", None)
+        if code is not None and name in code.co_names:
             return True
     return False
 
@@ -205,3 +256,44 @@ def load_metadata_copies(multi_step: bool, has_real_page_table: bool, has_flashm
 # global it resolves its chunk schedule with.
 CHUNKED_LOGITS_CLOSURE = "Indexer._get_topk_paged.<locals>._chunked_fp8_paged_mqa_logits"
 CHUNK_SCHEDULE_RESOLVER = "resolve_paged_mqa_logits_metadata_fn"
+
+
+def compute_lm_head(processor, hidden_states, lm_head):
+    """The processor's LM-head logits of ``hidden_states`` (this rank's vocab shard), by SGLang's
+    own branch for the head (a plain matmul where the exchange engages)."""
+    return processor._compute_lm_head(hidden_states, lm_head, None)
+
+
+def gather_logits(processor, shard_rows):
+    """The processor's all-gather of its vocab-shard logits rows over the TP ranks."""
+    return processor._logits_gatherer(shard_rows)
+
+
+def copy_logits_to_buffer(processor, logits, metadata):
+    """The processor's cast of full logits into ``metadata``'s fp32 logits buffer, as its
+    ``_get_logits`` ends a call without softcapping."""
+    return processor._copy_logits_to_buffer(logits, metadata)
+
+
+def custom_all_reduce_v2_takes(ca, nbytes: int) -> bool | None:
+    """Whether SGLang's custom all-reduce v2 ``ca`` takes an all-reduce of ``nbytes`` inside a
+    graph capture (its config picker with its graph mode); None for the legacy custom all-reduce,
+    which has no picker."""
+    if not hasattr(ca, "_pick_config"):
+        return None
+    return ca._pick_config(nbytes, bool(ca._is_graph_mode_supported)) is not None
+
+
+def flashinfer_all_reduce_takes(group, probe) -> bool:
+    """Whether ``group``'s FlashInfer all-reduce takes ``probe`` (its workspace, its size)."""
+    return group._can_use_flashinfer_allreduce(probe)
+
+
+def outplace_all_reduce_method(group_view, probe, *, should_use_pymscclpp_allreduce: bool):
+    """The out-of-place all-reduce method SGLang's ``GroupCoordinator`` picks for ``probe``, asked
+    on ``group_view`` (the communicators it reads), or None (in place)."""
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
+
+    return GroupCoordinator._resolve_outplace_all_reduce_method(
+        group_view, probe, should_use_pymscclpp_allreduce=should_use_pymscclpp_allreduce
+    )

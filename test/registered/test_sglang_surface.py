@@ -47,6 +47,13 @@ def test_the_surface_lists_every_private_name_and_every_hook_target():
         "_jit_fused_metadata_copy_module",
         "_jit_fused_metadata_copy_multi_module",
         "_get_topk_paged",
+        "_compute_lm_head",
+        "_logits_gatherer",
+        "_copy_logits_to_buffer",
+        "_can_use_flashinfer_allreduce",
+        "_resolve_outplace_all_reduce_method",
+        "_pick_config",
+        "_is_graph_mode_supported",
     }
 
 

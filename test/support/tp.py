@@ -332,7 +332,7 @@ class AllReduceRecorder:
     device communicator SGLang built (custom all-reduce, pynccl in and out of place, torch symmetric
     memory, MSCCL++, PCIe IPC, quick all-reduce, FlashInfer), and ``torch.distributed.all_reduce`` on
     the group's device group; on exit it restores them. Each call is recorded as
-    ``(route, capturing)``, the route named as ``integration.tp_all_reduce.all_reduce_route`` names
+    ``(route, capturing)``, the route named as ``integration.vocab_shard_exchange.all_reduce_route`` names
     its prediction."""
 
     _METHODS = (

@@ -85,7 +85,7 @@ class Figures:
     peak: Optional[int] = None
 
 
-def _kept_per_graph(processor, shard, buffer):
+def _kept_per_graph(exchange, shard, buffer):
     """The shard and its tokens as the exchange first kept them: the LM head's own output and a
     tokens tensor, both allocated in the call (in a capture: in the graph pool, per graph)."""
     return shard, torch.empty((shard.shape[0], 1), dtype=torch.int64, device=shard.device)
@@ -95,12 +95,12 @@ def _kept_per_graph(processor, shard, buffer):
 def _arm(monkeypatch, arm: str):
     """The plugin's switch for ``arm``, and for the control the shard returned as it was kept
     first (the LM head's own output, allocated in the capture)."""
-    from sglang_dsa_mtp.integration import verify_argmax_exchange as site
+    from sglang_dsa_mtp.integration import vocab_shard_exchange as site
 
     with monkeypatch.context() as patch:
         patch.setenv(VERIFY_ARGMAX_EXCHANGE.env, "0" if arm == "off" else "1")
         if arm == "per-graph shard":
-            patch.setattr(site, "keep_in_buffer", _kept_per_graph)
+            patch.setattr(site.VocabShardExchange, "keep_in_buffer", _kept_per_graph)
         yield site
 
 
@@ -116,7 +116,9 @@ def measure(case: Case, arm: str, device: torch.device, monkeypatch) -> Figures:
         )
         if arm != "off":
             rows = [bs * case.tokens for bs in case.captured]
-            decision = site.opt_in(processor, lm_head, max_rows=case.max_rows, capture_rows=rows)
+            decision = site.opt_in(
+                processor, lm_head, site.VERIFY, max_rows=case.max_rows, capture_rows=rows
+            )
             if not decision.engaged:
                 raise RuntimeError(f"the exchange did not engage: {decision.reason}")
         shared = GraphSharedOutput(device=device, max_rows=case.max_rows)

@@ -2,7 +2,7 @@
 
 Each SGLang object the hooks decide something about holds one state object in its ``__dict__``,
 under :data:`ATTR`: a DSA attention backend a :class:`BackendState`, the MTP draft-decode backend a
-:class:`MultiStepState`, a draft model's ``LogitsProcessor`` a :class:`ProcessorState`. A field's
+:class:`MultiStepState`, a model's ``LogitsProcessor`` a :class:`ProcessorState`. A field's
 default is what holds before the hook that sets it has run (for instance on an object built before
 the plugin's hooks were applied).
 """
@@ -62,10 +62,11 @@ class MultiStepState:
 
 @dataclass
 class ProcessorState:
-    """A model's ``LogitsProcessor``: a draft model's (``exchange``) or the target's (``verify``)."""
+    """A model's ``LogitsProcessor``: its vocab-shard argmax exchange in each role (a
+    ``VocabShardExchange``), None where it keeps SGLang's path (not opted in, or kept)."""
 
-    exchange: Any = None  # the engaged argmax exchange; None: the gather (not opted in, or kept)
-    verify: Any = None  # the engaged target-verify exchange; None: SGLang's in-graph gather
+    draft: Any = None  # the draft model's: greedy-draft calls exchange instead of gathering
+    verify: Any = None  # the target model's: target verify keeps its shard, exchanges its argmax
 
 
 def state_of(obj, kind: type[State]) -> State:

@@ -23,7 +23,7 @@ import torch
 from sglang.srt.distributed import parallel_state
 from sglang.srt.distributed.parallel_state import GroupCoordinator
 
-from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
+from sglang_dsa_mtp.integration.vocab_shard_exchange import all_reduce_route
 
 PROBE = SimpleNamespace(is_cpu=False, is_cuda=True, numel=lambda: 16 * 152, element_size=lambda: 4)
 PROBE.is_contiguous = lambda: True

@@ -14,7 +14,7 @@ from support.sglang_import import require_sglang, sglang_runtime_missing
 
 require_sglang()
 
-from sglang_dsa_mtp.integration.vocab_shard_exchange import kept_shard_of  # noqa: E402
+from sglang_dsa_mtp.integration.state import ProcessorState, peek  # noqa: E402
 from support import dsa_serving  # noqa: E402
 from support import verify_logits_memory as memory  # noqa: E402
 
@@ -24,6 +24,12 @@ def plugin_loaded(monkeypatch, fresh_switches, sglang_targets_restored):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dsa_serving.prepare(monkeypatch, device)
     return device
+
+
+def kept_rows(processor, logits):
+    """The kept shard rows ``logits`` are of ``processor``'s target-verify exchange, or None."""
+    verify = peek(processor, ProcessorState).verify
+    return None if verify is None else verify.kept_rows(logits)
 
 
 def kept_shards_bytes(case: memory.Case) -> int:
@@ -62,7 +68,7 @@ def test_every_arm_of_the_dry_run_builds_engages_and_captures(plugin_loaded, mon
 
     def recorded(processor, lm_head, hidden, **kwargs):
         output = real(processor, lm_head, hidden, **kwargs)
-        seen.append((hidden.shape[0], output.next_token_logits))
+        seen.append((hidden.shape[0], output.next_token_logits, processor))
         return output
 
     monkeypatch.setattr(memory, "logits_forward", recorded)
@@ -72,8 +78,8 @@ def test_every_arm_of_the_dry_run_builds_engages_and_captures(plugin_loaded, mon
         seen.clear()
         with memory.one_rank_group(plugin_loaded):
             memory.measure(case, arm, plugin_loaded, monkeypatch)
-        assert [rows for rows, _ in seen] == [12, 8, 4], arm
-        kept = [kept_shard_of(logits) for _, logits in seen]
+        assert [rows for rows, _, _ in seen] == [12, 8, 4], arm
+        kept = [kept_rows(processor, logits) for _, logits, processor in seen]
         if arm == "on":
             assert all(k is not None for k in kept), "every graph's shard is in the shared buffer"
         else:

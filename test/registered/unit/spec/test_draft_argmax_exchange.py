@@ -25,9 +25,9 @@ from sglang.srt.environ import envs
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.models.glm4_moe import GlmMoeDsaForCausalLMNextN
 
-from sglang_dsa_mtp.integration import draft_argmax_exchange as exchange_site
-from sglang_dsa_mtp.integration import eagle_draft_argmax as worker_site
+from sglang_dsa_mtp.integration import eagle_argmax as worker_site
 from sglang_dsa_mtp.integration import vocab_shard_exchange as shared_exchange
+from sglang_dsa_mtp.integration.state import ProcessorState, peek
 from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import draft_argmax_finalize
 from sglang_dsa_mtp.switches import DRAFT_ARGMAX_EXCHANGE
 
@@ -44,8 +44,13 @@ def log_lines(caplog):
     return [r.getMessage() for r in caplog.records if r.name == "sglang_dsa_mtp"]
 
 
+def draft_exchange(processor):
+    """The processor's engaged draft exchange, or None."""
+    return peek(processor, ProcessorState).draft
+
+
 def engaged(processor) -> bool:
-    return exchange_site.exchange_state(processor) is not None
+    return draft_exchange(processor) is not None
 
 
 # --- the processor's opt-in ------------------------------------------------------------------------
@@ -315,7 +320,7 @@ def test_calls_that_need_logits_keep_the_gather(mode, select, fields, hooked, dr
     head.group.hidden = states
     logits = head.processor._get_logits(states, head.lm_head, head.metadata(mode, **fields))
     assert head.group.calls == ["all_gather"]
-    assert exchange_site.exchange_of(logits) is None
+    assert draft_exchange(head.processor).exchange_rows(logits) is None
     assert torch.equal(logits, head.gathered_logits(states))
 
 
@@ -625,10 +630,13 @@ def test_real_logits_reach_sglang_postprocess_unchanged(hooked):
     assert calls[0][0][0] is logits
 
 
-def test_sglang_postprocess_refuses_a_stand_in_instead_of_reading_it(hooked):
+def test_sglang_postprocess_refuses_a_stand_in_instead_of_reading_it(hooked, draft_head):
+    head = draft_head()
+    assert head.processor.enable_draft_argmax_exchange(head.lm_head)
+    draft = draft_exchange(head.processor)
     exchange = torch.zeros(2, 8)
-    stand_in = exchange_site.stand_in_logits(exchange, 100)
-    assert exchange_site.exchange_of(stand_in[:1]).shape == (1, 8)
+    stand_in = draft.stand_in(exchange)
+    assert draft.exchange_rows(stand_in[:1]).shape == (1, 8)
     with pytest.raises(AssertionError):
         inspect.unwrap(draft_topk1_postprocess)(stand_in, torch.zeros(2, dtype=torch.int64))
 
@@ -687,12 +695,15 @@ def test_the_exchange_and_its_pick_work_under_inference_mode(hooked, draft_head)
     assert torch.equal(ours, sglang)
 
 
-def test_a_row_slice_of_a_stand_in_leads_to_the_same_rows_of_the_exchange(hooked):
+def test_a_row_slice_of_a_stand_in_leads_to_the_same_rows_of_the_exchange(hooked, draft_head):
+    head = draft_head()
+    assert head.processor.enable_draft_argmax_exchange(head.lm_head)
+    draft, vocab = draft_exchange(head.processor), head.vocab_size
     exchange = torch.arange(6 * 8, dtype=torch.float32).view(6, 8)
-    stand_in = exchange_site.stand_in_logits(exchange, 100)
-    assert torch.equal(exchange_site.exchange_of(stand_in[2:5]), exchange[2:5])
-    assert exchange_site.exchange_of(torch.zeros(6, 100)) is None
-    assert exchange_site.exchange_of(torch.zeros(1, 1).expand(6, 100)) is None
+    stand_in = draft.stand_in(exchange)
+    assert torch.equal(draft.exchange_rows(stand_in[2:5]), exchange[2:5])
+    assert draft.exchange_rows(torch.zeros(6, vocab)) is None
+    assert draft.exchange_rows(torch.zeros(1, 1).expand(6, vocab)) is None
 
 
 def test_a_hook_sglang_failed_to_apply_keeps_the_gather(draft_worker, hooked, caplog):

@@ -159,8 +159,8 @@ def exchange_on_off_worker(
             from sglang.srt.runtime_context import get_parallel
 
             from sglang_dsa_mtp import plugin
-            from sglang_dsa_mtp.integration.draft_argmax_exchange import exchange_state
-            from sglang_dsa_mtp.integration.tp_all_reduce import agree_across_group
+            from sglang_dsa_mtp.integration.state import ProcessorState, peek
+            from sglang_dsa_mtp.integration.vocab_shard_exchange import agree_across_group
 
             plugin.register()
             HookRegistry.apply_hooks()
@@ -235,7 +235,7 @@ def exchange_on_off_worker(
                 if not processor.enable_draft_argmax_exchange(lm_head, max_rows=8):
                     failures.append(f"{where}: the exchange did not engage")
                     continue
-                report["route"] = exchange_state(processor).route
+                report["route"] = peek(processor, ProcessorState).draft.route
                 for (mode, rows, select_index), states, expected in zip(cases, batches, picks):
                     output = logits_forward(
                         processor, lm_head, states, mode=mode, select_index=select_index
@@ -253,7 +253,7 @@ def exchange_on_off_worker(
                     report["checked"] += 1
 
             # One rank's opt-in check fails: every rank still agrees, and keeps the gather.
-            from sglang_dsa_mtp.integration import draft_argmax_exchange as site
+            from sglang_dsa_mtp.integration import vocab_shard_exchange as site
 
             lm_head, processor, _ = build_lm_head(vocab_size, hidden, dtype=dtype, seed=12)
             local_blocker = site._local_blocker
@@ -263,15 +263,15 @@ def exchange_on_off_worker(
                     raise RuntimeError("rank 1 cannot tell")
 
                 site._local_blocker = broken
-            decision = site.opt_in(processor, lm_head)
+            decision = site.opt_in(processor, lm_head, site.DRAFT)
             site._local_blocker = local_blocker
             report["reason_when_rank_1_fails"] = decision.reason
-            report["engaged_when_rank_1_fails"] = site.exchange_state(processor) is not None
+            report["engaged_when_rank_1_fails"] = peek(processor, ProcessorState).draft is not None
 
             # One rank's draft-worker check fails: every rank keeps the gather. Last: a rank left
             # waiting in a collective would otherwise meet the other rank's next one.
             from sglang_dsa_mtp import devices
-            from sglang_dsa_mtp.integration import eagle_draft_argmax as worker_site
+            from sglang_dsa_mtp.integration import eagle_argmax as worker_site
 
             devices.cuda_blocker = lambda: None  # the gates' platform check: CUDA
             worker_site.get_batch_sizes_to_capture = lambda runner: ([1, 2, 4], None)
@@ -283,7 +283,7 @@ def exchange_on_off_worker(
                 line for line in lines if "draft_argmax_exchange" in line
             ]
             report["worker_engaged_when_rank_1_fails"] = (
-                site.exchange_state(worker.draft_runner.model.logits_processor) is not None
+                peek(worker.draft_runner.model.logits_processor, ProcessorState).draft is not None
             )
     finally:
         report["seconds"] = round(time.monotonic() - start, 2)

@@ -127,7 +127,7 @@ def check_all_reduce_route(group, recorder, shape, device, replays: int) -> dict
     """SGLang's all-reduce of an fp32 ``shape`` buffer: the route predicted at opt-in
     (``all_reduce_route``) against the route taken inside the capture, and each replay's sum
     (rank r contributes ``(r + 1) * (replay + 1)``) against the exact sum."""
-    from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
+    from sglang_dsa_mtp.integration.vocab_shard_exchange import all_reduce_route
 
     buffer = torch.zeros(shape, dtype=torch.float32, device=device)
     predicted, on_nccl = all_reduce_route(group, buffer)
@@ -161,7 +161,7 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
     """One vocab and dtype: the opt-in, then every forward case captured with the exchange on
     (when engaged) and off, each replay's picks against SGLang's pick from the logits that replay
     produced (all-gathered with SGLang's ``GroupCoordinator.all_gather``)."""
-    from sglang_dsa_mtp.integration.draft_argmax_exchange import exchange_state
+    from sglang_dsa_mtp.integration.state import ProcessorState, peek
     from support.deployment import (
         bits_differ,
         build_lm_head,
@@ -177,7 +177,7 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
     )
     exchange_processor = logits_processor(vocab)
     engaged = exchange_processor.enable_draft_argmax_exchange(lm_head, max_rows=sizes.max_rows)
-    state = exchange_state(exchange_processor)
+    state = peek(exchange_processor, ProcessorState).draft
     result = dict(
         vocab=vocab,
         dtype=str(dtype),

@@ -30,9 +30,9 @@ from sglang.srt.speculative import spec_utils
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 
-from sglang_dsa_mtp.integration import eagle_verify_argmax as worker_site
-from sglang_dsa_mtp.integration import verify_argmax_exchange as verify_site
+from sglang_dsa_mtp.integration import eagle_argmax as worker_site
 from sglang_dsa_mtp.integration import vocab_shard_exchange as processor_site
+from sglang_dsa_mtp.integration.state import ProcessorState, peek
 from sglang_dsa_mtp.switches import VERIFY_ARGMAX_EXCHANGE
 from support.argmax_cases import make_overlay
 from support.constants import POISON
@@ -54,8 +54,13 @@ def log_lines(caplog):
     return [r.getMessage() for r in caplog.records if r.name == "sglang_dsa_mtp"]
 
 
+def verify_exchange(processor):
+    """The processor's engaged target-verify exchange, or None."""
+    return peek(processor, ProcessorState).verify
+
+
 def engaged(processor) -> bool:
-    return verify_site.verify_state(processor) is not None
+    return verify_exchange(processor) is not None
 
 
 @pytest.fixture
@@ -197,7 +202,7 @@ def test_the_opt_in_compiles_for_the_captured_verify_rows_and_builds_the_full_lo
         device=target.lm_head.weight.device,
         draft_steps=None,
     )
-    assert target.group.calls.count("all_gather") == len(verify_site.FULL_LOGITS_WARM_UP_ROWS)
+    assert target.group.calls.count("all_gather") == len(processor_site.FULL_LOGITS_WARM_UP_ROWS)
     assert "all_reduce" not in target.group.calls, "the kernels' warm-up runs no collective"
 
 
@@ -355,7 +360,7 @@ def test_an_opt_in_check_that_raises_keeps_sglangs_path(hooked, opted_in, caplog
     def broken(*args):
         raise RuntimeError("cannot tell")
 
-    hooked.setattr(verify_site, "_local_blocker", broken)
+    hooked.setattr(processor_site, "_local_blocker", broken)
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         target, _ = opted_in()
     assert not engaged(target.processor)
@@ -381,10 +386,8 @@ def test_an_engaged_target_stays_engaged_when_sglang_builds_the_backends_again(h
 
 
 def test_the_draft_exchange_leaves_the_target_alone_and_the_verify_exchange_the_draft(opted_in):
-    from sglang_dsa_mtp.integration.draft_argmax_exchange import exchange_state
-
     target, _ = opted_in()
-    assert exchange_state(target.processor) is None
+    assert peek(target.processor, ProcessorState).draft is None
     assert not engaged(
         target.deployment.processor
     ), "the draft model's processor is not the target's"
@@ -456,8 +459,8 @@ def test_the_kept_shard_and_its_tokens_live_in_the_calls_logits_buffer(opted_in)
         )
         shard = shard.next_token_logits
         assert shard.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
-        kept, start = processor_site.kept_shard_of(shard)
-        assert start == 0 and kept.tokens.untyped_storage().data_ptr() == buffer.data_ptr()
+        kept = verify_exchange(target.processor).kept_rows(shard)
+        assert kept.start == 0 and kept.tokens.untyped_storage().data_ptr() == buffer.data_ptr()
         places.append(kept.tokens.data_ptr())
     assert places[0] == places[1]
 
@@ -470,7 +473,7 @@ def test_a_call_without_a_logits_buffer_keeps_sglangs_full_logits(opted_in, capl
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         ours = target.forward(target.processor, hidden).next_token_logits
     stock = target.forward(target.stock, hidden).next_token_logits
-    assert processor_site.kept_shard_of(ours) is None
+    assert verify_exchange(target.processor).kept_rows(ours) is None
     assert bits_differ(ours, stock) is None
     assert any(
         "a target verify keeps SGLang's full logits: the call has no logits buffer" in m
@@ -647,13 +650,14 @@ def test_a_kept_shard_is_found_from_its_row_slices_only(opted_in):
     hidden = hidden_rows(10, 1, torch.bfloat16)
     buffer = poisoned_buffer(10, target.vocab_size)
     shard = target.forward(target.processor, hidden, buffer).next_token_logits
-    kept, start = processor_site.kept_shard_of(shard[4:9])
-    assert (start, kept.capacity) == (4, 10)
-    assert kept.width == target.lm_head.num_embeddings_per_partition
-    assert processor_site.kept_shard_of(shard.clone()) is None
-    assert processor_site.kept_shard_of(torch.zeros(10, 4)) is None
-    assert processor_site.kept_shard_of(shard[:, :7]) is None
-    assert processor_site.kept_shard_of(buffer) is None, "SGLang's own logits in that buffer"
+    verify = verify_exchange(target.processor)
+    kept = verify.kept_rows(shard[4:9])
+    assert (kept.start, verify.placement.capacity) == (4, 10)
+    assert verify.placement.width == target.lm_head.num_embeddings_per_partition
+    assert verify.kept_rows(shard.clone()) is None
+    assert verify.kept_rows(torch.zeros(10, 4)) is None
+    assert verify.kept_rows(shard[:, :7]) is None
+    assert verify.kept_rows(buffer) is None, "SGLang's own logits in that buffer"
 
 
 def test_a_freed_shard_is_forgotten(opted_in):
@@ -661,12 +665,13 @@ def test_a_freed_shard_is_forgotten(opted_in):
     buffer = poisoned_buffer(5, target.vocab_size)
     target.forward(target.processor, hidden_rows(5, 1, torch.bfloat16), buffer)
     key = processor_site.StorageWeakRef(buffer.untyped_storage())
-    assert key in processor_site._KEPT
+    verify = verify_exchange(target.processor)
+    assert verify.placement.storage == key
     del buffer
-    target.forward(  # registers another buffer, purges the freed one
+    target.forward(  # keeps into another buffer, forgets the freed one
         target.processor, hidden_rows(5, 2, torch.bfloat16), poisoned_buffer(5, 1001)
     )
-    assert key not in processor_site._KEPT
+    assert verify.placement.storage != key
 
 
 def test_the_kept_shard_and_its_verify_work_under_inference_mode(opted_in, verify_kernels):
@@ -680,8 +685,7 @@ def test_the_kept_shard_and_its_verify_work_under_inference_mode(opted_in, verif
         output = target.forward(target.processor, hidden, buffer)
         rows = output.next_token_logits[: 2 * TOKENS]
         del output
-        kept, start = processor_site.kept_shard_of(rows)
-        tokens = kept.tokens[start : start + rows.shape[0]]
+        tokens = verify_exchange(target.processor).kept_rows(rows).tokens
     want = torch.argmax(stock_output.next_token_logits, dim=-1, keepdim=True)
     assert torch.equal(tokens, want)
 
@@ -724,4 +728,4 @@ def test_one_hook_serves_both_exchanges_on_get_logits():
 
     [row] = [r for r in hooks.HOOKS if r.target.endswith("LogitsProcessor._get_logits")]
     assert row.switches == (DRAFT_ARGMAX_EXCHANGE, VERIFY_ARGMAX_EXCHANGE)
-    assert row.hook.endswith("verify_argmax_exchange:exchange_logits")
+    assert row.hook.endswith("vocab_shard_exchange:exchange_logits")

@@ -5,7 +5,7 @@ In one process per rank (TP size = the visible GPU count), for each route of
 ``support.tp.ROUTES``: SGLang builds its real TP group and device communicators, the
 plugin's hooks are applied by SGLang's ``HookRegistry``, and :func:`verify_routes_worker` (here)
 builds the target's ``ParallelLMHead`` and two SGLang ``LogitsProcessor``\\ s of it, one opted in to
-the exchange (``verify_argmax_exchange.opt_in``, as the EAGLE worker calls it) and one on SGLang's
+the exchange (``vocab_shard_exchange.opt_in``, as the EAGLE worker calls it) and one on SGLang's
 path. Each target-verify forward (EAGLE 4/1/5: 5 rows a request; 1, 4 and 16 requests) is captured
 as SGLang's graph runners capture (inside ``graph_capture()``) and replayed with new hidden states
 and new rows of ties, NaN, infinities and signed zeros written over the LM-head logits, the batch
@@ -179,7 +179,6 @@ def warm_up_failure_worker(rank: int, world: int, init_method: str, result_dir: 
     with sglang_tp_group(rank, world, init_method) as group:
         from sglang.srt.runtime_context import get_schedule, get_spec
 
-        from sglang_dsa_mtp.integration import verify_argmax_exchange as site
         from sglang_dsa_mtp.integration import vocab_shard_exchange as shared
         from support.deployment import build_lm_head
 
@@ -206,7 +205,7 @@ def warm_up_failure_worker(rank: int, world: int, init_method: str, result_dir: 
             if rank == 1:
                 shared.torch = _FailingZeros(fail_at=2)
             try:
-                decision = site.opt_in(processor, lm_head, max_rows=TOKENS)
+                decision = shared.opt_in(processor, lm_head, shared.VERIFY, max_rows=TOKENS)
             finally:
                 shared.torch = torch
             report["engaged"] = decision.engaged
@@ -262,8 +261,8 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
     size up to the graph's are counted for compiles."""
     from sglang.srt.runtime_context import get_spec
 
-    from sglang_dsa_mtp.integration import verify_argmax_exchange as site
-    from sglang_dsa_mtp.integration.vocab_shard_exchange import full_logits, kept_shard_of
+    from sglang_dsa_mtp.integration import vocab_shard_exchange as site
+    from sglang_dsa_mtp.integration.state import ProcessorState, peek
     from support.argmax_cases import reference_pick
     from support.constants import POISON
     from support.deployment import (
@@ -279,8 +278,10 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
     lm_head, stock, _ = build_lm_head(vocab, sizes.hidden, dtype=dtype, seed=seed, device=device)
     ours = logits_processor(vocab)
     rows_of = [bs * TOKENS for bs in sizes.batch_sizes]
-    decision = site.opt_in(ours, lm_head, max_rows=sizes.max_rows, capture_rows=rows_of)
-    state = site.verify_state(ours)
+    decision = site.opt_in(
+        ours, lm_head, site.VERIFY, max_rows=sizes.max_rows, capture_rows=rows_of
+    )
+    state = peek(ours, ProcessorState).verify
     result = dict(
         vocab=vocab,
         dtype=str(dtype),
@@ -344,8 +345,7 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
                 (raw_bs, TOKENS, vocab), 1.0 / vocab, device=device
             )
             if "ours" in outputs:
-                kept, start = kept_shard_of(outputs["ours"].next_token_logits[:raw])
-                tokens = kept.tokens[start : start + raw]
+                tokens = state.kept_rows(outputs["ours"].next_token_logits[:raw]).tokens
                 if not torch.equal(tokens, reference_pick(gathered, vocab, "propagate")[1]):
                     failures.append(f"{case}, replay {k}: the exchanged argmax is not SGLang's")
             with get_spec().override(speculative_use_rejection_sampling=True):
@@ -376,8 +376,7 @@ def _check_forwards(group, recorder, device, sizes, vocab, dtype, expect_engaged
             shard = outputs["ours"].next_token_logits
             with compiles.counting():
                 for raw in range(TOKENS, rows + 1, TOKENS):
-                    kept, start = kept_shard_of(shard[:raw])
-                    full_logits(kept, start, shard[:raw])
+                    state.full_logits(shard[:raw], state.kept_rows(shard[:raw]).start)
     if decision.engaged and compiles.names is not None:
         result["compiles"] = compiles.names
     return result
@@ -402,8 +401,10 @@ def _check_routes(group, device, recorder, report) -> None:
     """:func:`verify_routes_worker`'s checks in the route's group, at the route's sizes."""
     from sglang.srt.runtime_context import get_schedule, get_spec
 
-    from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
-    from sglang_dsa_mtp.integration.vocab_shard_exchange import kept_bytes_per_row
+    from sglang_dsa_mtp.integration.vocab_shard_exchange import (
+        all_reduce_route,
+        kept_bytes_per_row,
+    )
     from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
     from support.verify_rounds import verify_kernels_in_triton
 

@@ -73,7 +73,7 @@ def bench_route(rank, world, init_method, args, route, result_file):
     """Rank ``rank``'s measurements on ``route``; rank 0 writes them (max over ranks) as JSON."""
 
     def measure(group, device, report):
-        from sglang_dsa_mtp.integration.tp_all_reduce import all_reduce_route
+        from sglang_dsa_mtp.integration.vocab_shard_exchange import all_reduce_route
         from sglang_dsa_mtp.kernels.ops.speculative.draft_argmax_partials import exchange_shape
         from support.deployment import build_lm_head, logits_processor
 

@@ -84,11 +84,10 @@ class VerifyRound(tp_routes.LmHeadArms):
 
     def exchange_pick(self):
         """The exchange's target verify: the argmax the graph's finalize picked."""
-        from sglang_dsa_mtp.integration.vocab_shard_exchange import kept_shard_of
+        from sglang_dsa_mtp.integration.state import ProcessorState, peek
 
-        shard = self.forward("exchange").next_token_logits
-        kept, start = kept_shard_of(shard)
-        return kept.tokens[start : start + shard.shape[0]].view(-1)
+        verify = peek(self.processors["exchange"], ProcessorState).verify
+        return verify.kept_rows(self.forward("exchange").next_token_logits).tokens.view(-1)
 
 
 def bench_route(rank, world, init_method, args, route, result_file):
@@ -97,7 +96,7 @@ def bench_route(rank, world, init_method, args, route, result_file):
     def measure(group, device, report):
         from sglang.srt.runtime_context import get_schedule, get_spec
 
-        from sglang_dsa_mtp.integration import verify_argmax_exchange as site
+        from sglang_dsa_mtp.integration import vocab_shard_exchange as site
         from support.deployment import build_lm_head, logits_processor
 
         eagle = dict(
@@ -115,7 +114,9 @@ def bench_route(rank, world, init_method, args, route, result_file):
             )
             exchange = logits_processor(args.vocab)
             rows_of = [bs * args.tokens for bs in args.bs]
-            decision = site.opt_in(exchange, lm_head, max_rows=max(rows_of), capture_rows=rows_of)
+            decision = site.opt_in(
+                exchange, lm_head, site.VERIFY, max_rows=max(rows_of), capture_rows=rows_of
+            )
             report["engaged"], report["reason"] = decision.engaged, decision.reason
             report["predicted"] = decision.facts.get("all-reduce")
             report.update(tp_routes.floors(lm_head, device))

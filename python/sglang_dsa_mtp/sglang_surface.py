@@ -98,64 +98,50 @@ ATTENTION_BACKEND = "sglang.srt.layers.attention.base_attn_backend.AttentionBack
 
 # --- the private names the hook sites read or call -------------------------------------------------
 
+
+def _names(switches: tuple[KillSwitch, ...], use: str, *paths: str, instance=()) -> tuple:
+    return tuple(Name(path, switches, use, path in instance) for path in paths)
+
+
 SURFACE: tuple[Name, ...] = (
-    Name(f"{HOOK_REGISTRY}._patched", _ALL, "which hook targets SGLang patched (hooks.why_off)"),
-    Name(f"{DSA}._graph_page_table_width", _BOUNDED, "the replay's page-table width"),
-    Name(f"{DSA_MODULE}._to_2d_context_lens", _BOUNDED, "the MTP steps' 2-D context lengths"),
-    Name(
+    *_names(_ALL, "which hook targets SGLang patched (hooks.why_off)", f"{HOOK_REGISTRY}._patched"),
+    *_names(
+        _BOUNDED,
+        "the replay's page-table width; the MTP steps' 2-D context lengths, indexer plans (DeepGEMM "
+        "schedule, top-k v2 plan) and FlashMLA metadata; SGLang's MTP copies, loaded before a "
+        "replay can fall back to them",
+        f"{DSA}._graph_page_table_width",
+        f"{DSA_MODULE}._to_2d_context_lens",
         f"{DSA}._refresh_paged_mqa_schedule_metadata",
-        _BOUNDED,
-        "the unseeded MTP steps' DeepGEMM schedule, refreshed once",
-    ),
-    Name(f"{DSA}._refresh_topk_v2_plan", _BOUNDED, "the unseeded MTP steps' top-k v2 plan"),
-    Name(f"{DSA}._compute_flashmla_metadata", _BOUNDED, "FlashMLA's metadata of the MTP steps"),
-    Name(
+        f"{DSA}._refresh_topk_v2_plan",
+        f"{DSA}._compute_flashmla_metadata",
         f"{METADATA_COPIES}._jit_fused_metadata_copy_module",
-        _BOUNDED,
-        "SGLang's MTP copies, loaded before a replay can fall back to them",
-    ),
-    Name(
         f"{METADATA_COPIES}._jit_fused_metadata_copy_multi_module",
-        _BOUNDED,
-        "SGLang's MTP copies, loaded before a replay can fall back to them",
     ),
-    Name(
-        f"{INDEXER}._get_topk_paged",
+    *_names(
         _LIVE,
         "the method whose closure _chunked_fp8_paged_mqa_logits the live copy recognises",
+        f"{INDEXER}._get_topk_paged",
     ),
-    Name(f"{LOGITS_PROCESSOR}._compute_lm_head", _EXCHANGES, "the rank's LM-head shard logits"),
-    Name(
-        f"{LOGITS_PROCESSOR}._logits_gatherer",
+    *_names(
         _EXCHANGES,
-        "the processor's logits all-gather, run ahead and for a batch that needs full logits",
-        instance=True,
+        "the rank's LM-head shard logits; the processor's logits gather, run ahead and for a "
+        "batch that needs full logits; which all-reduce takes the exchange buffer in a capture",
+        f"{LOGITS_PROCESSOR}._compute_lm_head",
+        f"{LOGITS_PROCESSOR}._logits_gatherer",
+        f"{GROUP}._can_use_flashinfer_allreduce",
+        f"{GROUP}._resolve_outplace_all_reduce_method",
+        f"{CUSTOM_ALL_REDUCE_V2}._pick_config",
+        f"{CUSTOM_ALL_REDUCE_V2}._is_graph_mode_supported",
+        instance=(
+            f"{LOGITS_PROCESSOR}._logits_gatherer",
+            f"{CUSTOM_ALL_REDUCE_V2}._is_graph_mode_supported",
+        ),
     ),
-    Name(
-        f"{LOGITS_PROCESSOR}._copy_logits_to_buffer",
+    *_names(
         _VERIFY,
         "the cast of the verify's full logits into SGLang's logits buffer",
-    ),
-    Name(
-        f"{GROUP}._can_use_flashinfer_allreduce",
-        _EXCHANGES,
-        "which all-reduce the exchange buffer takes inside a capture",
-    ),
-    Name(
-        f"{GROUP}._resolve_outplace_all_reduce_method",
-        _EXCHANGES,
-        "which all-reduce the exchange buffer takes inside a capture",
-    ),
-    Name(
-        f"{CUSTOM_ALL_REDUCE_V2}._pick_config",
-        _EXCHANGES,
-        "whether the custom all-reduce v2 takes the exchange buffer inside a capture",
-    ),
-    Name(
-        f"{CUSTOM_ALL_REDUCE_V2}._is_graph_mode_supported",
-        _EXCHANGES,
-        "whether the custom all-reduce v2 takes the exchange buffer inside a capture",
-        instance=True,
+        f"{LOGITS_PROCESSOR}._copy_logits_to_buffer",
     ),
 )
 

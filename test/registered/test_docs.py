@@ -283,34 +283,37 @@ class Fact:
     patterns: tuple[tuple[str, tuple[str, ...]] | tuple[str, tuple[str, ...], str], ...]
 
 
+def _code_fact(name: str, module: str, constant: str, *patterns: str) -> Fact:
+    """A fact whose truth is one constant of the plugin's ``module``, the one group of each of
+    ``patterns`` (its field ``columns``)."""
+    return Fact(
+        name,
+        f"{constant} in python/sglang_dsa_mtp/{module}",
+        lambda: {"columns": str(_constant(module, constant))},
+        tuple((pattern, ("columns",)) for pattern in patterns),
+    )
+
+
 # The row of README's headline table, up to its figure cell.
 _ROW = r"^\| {what}[^|\n]*\| "
 FACTS = (
-    Fact(
+    _code_fact(
         "the argmax exchange's split width",
-        "SPLIT_N in python/sglang_dsa_mtp/kernels/ops/speculative/draft_argmax_partials.py",
-        lambda: {
-            "columns": str(_constant("kernels/ops/speculative/draft_argmax_partials.py", "SPLIT_N"))
-        },
-        (
-            (r"lanes per (\d[\d,]*) (?:vocab )?columns", ("columns",)),
-            (r"per (\d[\d,]*) columns: 4 (?:exact )?fp32 lanes", ("columns",)),
-            (r"`SPLIT_N` = (\d[\d,]*)", ("columns",)),
-            (r"candidates per (\d[\d,]*)-column split", ("columns",)),
-            (r"one program per (\d[\d,]*) columns of a row", ("columns",)),
-            (r"reads the split's (\d[\d,]*) columns", ("columns",)),
-        ),
+        "kernels/ops/speculative/draft_argmax_partials.py",
+        "SPLIT_N",
+        r"lanes per (\d[\d,]*) (?:vocab )?columns",
+        r"per (\d[\d,]*) columns: 4 (?:exact )?fp32 lanes",
+        r"`SPLIT_N` = (\d[\d,]*)",
+        r"candidates per (\d[\d,]*)-column split",
+        r"one program per (\d[\d,]*) columns of a row",
+        r"reads the split's (\d[\d,]*) columns",
     ),
-    Fact(
+    _code_fact(
         "the replay-metadata kernels' tile width",
-        "TILE_N in python/sglang_dsa_mtp/kernels/ops/attention/dsa_metadata_common.py",
-        lambda: {
-            "columns": str(_constant("kernels/ops/attention/dsa_metadata_common.py", "TILE_N"))
-        },
-        (
-            (r"`TILE_N` = (\d+)", ("columns",)),
-            (r"`TILE_N=(\d+)`", ("columns",)),
-        ),
+        "kernels/ops/attention/dsa_metadata_common.py",
+        "TILE_N",
+        r"`TILE_N` = (\d+)",
+        r"`TILE_N=(\d+)`",
     ),
     Fact(
         "the replay-metadata kernels' default budget",

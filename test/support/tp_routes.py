@@ -236,7 +236,7 @@ def route_parser(doc: str, add_options: Callable, *, per_graph: str, dry_run: di
     parser.add_argument(
         "--routes",
         default=",".join(GPU_ROUTES),
-        help="all-reduce routes (testing.tp.ROUTES), comma-separated; one table each",
+        help="all-reduce routes (support.tp.ROUTES), comma-separated; one table each",
     )
     add_options(parser)
     parser.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary size")

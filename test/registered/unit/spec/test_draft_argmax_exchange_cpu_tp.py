@@ -9,7 +9,7 @@ draft tokens as SGLang's pick from the gathered logits (draft decode and draft e
 heads and for a ModelOpt NVFP4 checkpoint's NextN draft head sharing the target's bf16 weight. The GPU
 side (NCCL and symmetric-memory all-reduce, CUDA graphs) is
 ``kernels/ops/speculative/test_draft_argmax_exchange_tp.py``. The body of each process is
-:func:`exchange_on_off_worker`, here (spawned by ``testing.tp.run_group``, which pickles it by this
+:func:`exchange_on_off_worker`, here (spawned by ``support.tp.run_group``, which pickles it by this
 module's name); the heads and their logits path are ``support.deployment``'s.
 """
 

@@ -18,7 +18,7 @@ timed alone in a loop (the best of ``--rounds`` rounds of ``--calls`` calls, mic
 * ``Triton's launcher``: the compiled kernel's launcher (its Python ``__call__`` included), alone.
 
 On a GPU the launcher is Triton's; on a CPU (no GPU present) the plans are made as on a GPU with a
-launcher that does nothing (``testing.launch_stubs``): the Python of our call, without Triton's.
+launcher that does nothing (``support.launch_stubs``): the Python of our call, without Triton's.
 
     python test/registered/kernels/benchmark/attention/profile_replay_metadata_host.py --bs 1,16,48
 """

@@ -1,7 +1,7 @@
 """Draft step through SGLang's own TP group: GEMM + gather against GEMM + exchange, per all-reduce route.
 
 The spec's "Draft step (LM head + top-1)" table, measured through SGLang 0.5.23 itself instead of raw
-NCCL (``bench_draft_argmax_exchange.py``): for each route of ``testing.tp.ROUTES`` (set by
+NCCL (``bench_draft_argmax_exchange.py``): for each route of ``support.tp.ROUTES`` (set by
 SGLang's own server args and environment), SGLang builds its real TP group and device communicators
 in one process per GPU, the plugin's hooks are applied by SGLang's ``HookRegistry``, and each arm is
 SGLang's own code, captured as SGLang's draft-decode runner captures (inside ``graph_capture()``,

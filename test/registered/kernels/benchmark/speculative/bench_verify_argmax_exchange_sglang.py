@@ -2,7 +2,7 @@
 argmax exchange, per all-reduce route (beyond docs/spec.md).
 
 Measures "Target verify (LM head + pick), TP2, through SGLang's TP group" of docs/results.md: for
-each route of ``testing.tp.ROUTES`` (set by SGLang's own server args and environment), SGLang builds
+each route of ``support.tp.ROUTES`` (set by SGLang's own server args and environment), SGLang builds
 its real TP group and device communicators in one process per GPU, the plugin's hooks are applied
 by SGLang's ``HookRegistry``, and each arm is SGLang's target ``LogitsProcessor`` forward in target
 verify, captured as SGLang's graph runners capture (inside ``graph_capture()``, ``--calls`` rounds

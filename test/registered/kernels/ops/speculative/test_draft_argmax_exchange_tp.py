@@ -21,7 +21,7 @@ shards; the padded columns hold +inf / NaN / 1e30 and the rows carry the hard pa
 
 Two all-reduces: NCCL through ``torch.distributed.all_reduce``, and torch symmetric memory's
 one-shot all-reduce (P2P, no multicast). The symmetric-memory arm is skipped, with the reason, only
-where it cannot exist (``testing.tp.symm_mem_unavailable``: a torch without the op, or GPUs without P2P
+where it cannot exist (``support.tp.symm_mem_unavailable``: a torch without the op, or GPUs without P2P
 access to each other); any other error setting it up fails the test.
 Environment settings such as NCCL_NVLS_ENABLE=0 or TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are left as they
 are.

@@ -15,12 +15,13 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 from sglang_dsa_mtp.kernels.ops.host import default_budget
+from support import constants
 from support import indexer_cases as cases
 from support.timing import capture_graph
 
 CPU = torch.device("cpu")
 POISON = float("nan")  # every output starts with it; a NaN never compares bit-equal by accident
-WIDTH_1M = cases.WIDTH_1M  # SGLang's default 1M-token context
+WIDTH_1M = constants.WIDTH_1M  # SGLang's default 1M-token context
 SMALL_WIDTH = 34 * cases.BLOCK_KV  # 2176: past 2049, the largest edge length
 CPU_SM_COUNT = 4
 CPU_HEADS = 8

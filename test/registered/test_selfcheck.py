@@ -6,6 +6,10 @@ and each check failing where one of our outputs is wrong."""
 import pytest
 import torch
 
+from support.sglang_import import require_sglang
+
+require_sglang()  # the checks import SGLang's kernels as the plugin does, through its package
+
 from sglang_dsa_mtp import selfcheck
 from sglang_dsa_mtp.devices import select_device
 from sglang_dsa_mtp.selfcheck import CHECKS, CheckResult, SelfCheck, run_checks

@@ -10,9 +10,11 @@ for ``--cuda-graph-max-bs-decode`` (:func:`~.dsa_serving.launch`), then serves r
 what a decode step of SGLang's EAGLE v2 worker hands its three graph runners for one batch:
 
 1. a captured batch size at random (none a fault victim holds: the victims' sizes are replayed in
-   their own rounds only), and a batch that pads to it (SGLang pads to the smallest
-   captured size that fits); its requests continue from earlier rounds or are new, taking a free
-   request slot whose ``req_to_token`` row is rewritten;
+   their own rounds only), and a batch of ``raw_bs`` requests that the runners pad to it (rows of
+   length 1 in slot 0): ``raw_bs`` the bs one round in two, else drawn from 1 .. bs - 1 (SGLang
+   pads only from the next smaller captured size, so most of these are padded deeper than a server
+   pads them; the metadata must agree all the same); its requests continue from earlier rounds or
+   are new, taking a free request slot whose ``req_to_token`` row is rewritten;
 2. the draft decode (seq_lens: each request's length ``L``), the target verify (``L``), the draft
    extend after it (``L + draft tokens``: SGLang's ``prepare_for_draft_extend``, with the round's
    random accept lengths in ``spec_info``); the next round continues each request at
@@ -30,10 +32,15 @@ this path and the plugin drops it. The host fields (:data:`~.dsa_serving.STATIC`
 capture. Every ``indexer_every`` rounds, SGLang's indexer (:class:`IndexerCalls`) computes a top-k
 past the SM count with the live-width switch on and off: the top-k indices must be equal.
 
-The plugin's launches are counted per replay (:class:`Calls`): ours must run in at least
-:data:`MIN_OURS` of each :data:`ENGAGED` op's replays, a replay without it only at the op's fault
-victim; a plugin-off replay must launch none of ours; after each server every ``Fallback.failed``
-and the MTP batch sizes off the one launch hold exactly the injected victims. Some launches of
+The plugin's launches are counted per replay (:class:`Calls`) where our kernels launch (their
+launch plans' JIT launches and direct launches), and SGLang's kernel behind our Fallbacks apart:
+ours must run in at least :data:`MIN_OURS` of each :data:`ENGAGED` op's replays, a replay without
+it only at the op's fault victim; a replay must launch no more of ours, nor of SGLang's behind our
+Fallbacks, than the Fallbacks it calls and the MTP plan send each way (``_Server.allowed``); a
+plugin-off replay must launch none of ours; after each server every ``Fallback.failed`` and the MTP
+batch sizes off the one launch hold exactly the injected victims. Per server and runner the report
+has the replays by batch size and the padded ones (``ServerReport.batch_sizes``, ``padded``;
+:func:`batch_size_table`). Some launches of
 :data:`SPANNING` must have more live tiles than tile programs (on the CPU, ``cpu_budget``). The
 counting leaves every call on the path a server takes: on a GPU the plan of the installed planned
 function must take every repeated launch of :data:`PLANNED` (:class:`Calls`; the CPU's
@@ -54,6 +61,10 @@ captures, fallback replays included; the arm with it off uses its own copy of SG
 (``dsa_serving.sglang_metadata_kernels``) and compiles at first replays, as SGLang does. On a GPU
 both are the counter's positive controls: the off arm's compiles while serving and the on arm's at
 its captures (the warm-ups) must not be 0.
+
+The negative control (``LoopConfig.sglang_only``, no injections): every captured bs of every
+Fallback of the plugin-on arm sent to SGLang's kernel and off the MTP one launch after the capture;
+no launch of ours may be counted, and the run fails on engagement.
 :func:`run` returns a :class:`LoopReport`.
 """
 
@@ -62,6 +73,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 import random
@@ -77,6 +89,7 @@ from support import dsa_backends as kit
 from support import dsa_serving as slice_
 from support.compiles import count_compiles, forget_compiled
 from support.constants import POISON
+from support.reference import metadata_module
 
 LAUNCH_NAMES = ("3/1/4", "4/1/5", "5/1/6")
 EDGES = (0, 1, 63, 64, 65, 127, 128, 129)  # and the context itself
@@ -97,6 +110,14 @@ INJECTIONS = ("capture", "warm-up", "replay", "one launch")  # the victims' keys
 # The kernels whose Fallback installs a planned function (LaunchPlans.planned): on a GPU, its plan
 # must take every repeated launch of ours (``Calls``).
 PLANNED = ("decode", "target verify", "draft extend")
+# The kernel (``KERNELS``' name) whose backend attribute each runner's replay calls, in each
+# backend its forward reads (``Runner.backends``: the draft decode's step backends, off the one
+# launch).
+RUNNER_KERNEL = {
+    "target verify": "target verify",
+    "draft extend": "draft extend",
+    "draft decode": "decode",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +137,11 @@ class LoopConfig:
     # below the batch sizes, so that programs take tiles of several requests (a CUDA device's
     # budget is its SM count's; at its 1M context, a request alone has more tiles than that).
     cpu_budget: int = 2
+    # The negative control (no injections): after each capture, every Fallback of the plugin-on
+    # arm sends every captured bs to SGLang's kernel and every MTP draft-decode bs is off the one
+    # launch (``_Server.route_to_sglang``), so that no replay launches ours; the run must fail on
+    # engagement and count no launch of ours.
+    sglang_only: bool = False
 
 
 @dataclasses.dataclass
@@ -149,6 +175,10 @@ class ServerReport:
     # Fallback.failed or an MTP batch size off the one launch that is not an injected victim.
     unexpected: list[str] = dataclasses.field(default_factory=list)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Per runner (``dsa_serving.OPS``): the plugin-on arm's replays by captured bs, and of them
+    # those of a batch padded to it (fewer requests than the bs).
+    batch_sizes: dict[str, dict[int, int]] = dataclasses.field(default_factory=dict)
+    padded: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def ours_of(self, op: str) -> tuple[int, int]:
         """(replays that ran ours, replays) of an ENGAGED op."""
@@ -169,6 +199,11 @@ class LoopReport:
     # launches whose batch had more live tiles than the launch has tile programs.
     calls: dict[str, int] = dataclasses.field(default_factory=dict)
     spanned: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Runs of SGLang's kernel behind our Fallbacks while the on arm replayed, per kernel.
+    fell_back: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The calls (of a backend attribute, of the MTP one launch) the counter took as launching ours,
+    # per kernel: as many as ``calls``, or the counter credits a call that launched none.
+    credited: dict[str, int] = dataclasses.field(default_factory=dict)
     # Of the launches of PLANNED's ops, those at a bs where ours had launched before (its plan
     # made) and no injection routes the calls to Fallback.__call__; of those, the ones the
     # installed planned function's plan took.
@@ -218,6 +253,12 @@ class LoopReport:
                 for op, repeated in self.repeated.items()
                 if op in PLANNED and self.planned.get(op, 0) < repeated
             ]
+        out += [
+            f"the counter credited {self.credited.get(kernel, 0)} calls with a launch of {kernel}, "
+            f"which launched {self.calls.get(kernel, 0)} times"
+            for kernel in sorted(set(self.calls) | set(self.credited))
+            if self.credited.get(kernel, 0) != self.calls.get(kernel, 0)
+        ]
         if self.servers:
             out += [
                 f"no {kernel} launch had more live tiles than tile programs"
@@ -326,36 +367,101 @@ def _inject(calls, fallback, bs: int, injection: Injection, armed=lambda: True) 
         set_unless(installed, _BsOrFailed(bs, fallback.failed))
 
 
+class _CountedKernel:
+    """One of our ``@triton.jit`` kernels as its ``LaunchPlans`` holds it: ``kernel[grid](...)``
+    launches the kernel (Triton's JIT, or its interpreter), then calls ``launched()``; everything
+    else is the kernel's."""
+
+    def __init__(self, kernel, launched):
+        self._kernel, self._launched = kernel, launched
+
+    def __getitem__(self, grid):
+        launch = self._kernel[grid]
+
+        def counted(*args, **kwargs):
+            out = launch(*args, **kwargs)
+            self._launched()
+            return out
+
+        return counted
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+
+def our_launch_plans() -> list[tuple[object, str]]:
+    """The launch plans of our replay-metadata kernels, each with the name :class:`Calls` counts
+    its launches by: ``KERNELS``' three wrappers' ("decode", "target verify", "draft extend") and
+    the MTP one launch's (the decode kernel into every step's buffers)."""
+    from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
+    from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
+        fused_dsa_draft_decode_metadata_multi,
+    )
+
+    wrappers = [(kernel, name) for _, kernel, name in KERNELS]
+    wrappers.append((fused_dsa_draft_decode_metadata_multi, "MTP one launch"))
+    return [(wrapper.launch_plans, name) for wrapper, name in wrappers]
+
+
 class Calls:
-    """The launches of our kernels, counted from the integration side without changing the path
-    they take. Per backend attribute of ``dsa_metadata_selection.KERNELS`` whose
-    :class:`~sglang_dsa_mtp.integration.fallback.Fallback` runs the kernel ``KERNELS`` names
-    (:meth:`attach`; SGLang's kernel behind a Fallback counts nothing): the attribute calls the
-    installed function through a counter, which counts a launch of ours when the installed
-    function's plan took the call (``Fallback.__call__`` not entered: "planned") or
-    ``Fallback.__call__`` ran ours (its ``bs`` did not fall back). The first launch at a ``bs``
-    makes its plan (the capture's warm-up planned twin buffers, and graph capture launches none);
-    every later one, but at a ``bs`` an injection routes to ``Fallback.__call__`` (``routed``), is
-    "repeated", and on a GPU its plan must take it. The MTP one launch: the call its
-    capture binds (``launch.bind`` of the real kernel, so the bound plan path) through a counter.
-    A launch counts inside :meth:`replay` only (not the captures' warm-ups), by kernel: "decode",
-    "target verify", "draft extend" (``KERNELS``' names), "MTP one launch". Each counted launch
-    also tells whether its batch had more live tiles than the launch has tile programs
-    (:func:`spans`)."""
+    """The launches of our kernels, counted where each launches, and the runs of SGLang's kernel
+    behind our Fallbacks, counted apart; neither changes the path a call takes.
+
+    Ours: each of :func:`our_launch_plans` launches its kernel one of two ways, both counted by the
+    plans' name: through Triton's JIT (``kernel[grid](...)``: a key's first launch, and every
+    launch under the interpreter; the plans' ``kernel`` is a counting stand-in,
+    :class:`_CountedKernel`) or, on a GPU, by calling the compiled kernel directly (a ``_Plan``
+    these plans stored whose ``launch`` returned True). A call that went to SGLang's kernel
+    launches none of these: no count of ours is inferred from a Fallback's state. Every plan is
+    dropped first (a fresh server: a key's first launch is a JIT one). SGLang's: each plugin-on
+    :class:`~sglang_dsa_mtp.integration.fallback.Fallback`'s ``sglang`` (what ``Fallback.__call__``
+    runs for a ``bs`` that fell back) counts a run by the Fallback's kernel name (:meth:`attach`).
+    Both count inside :meth:`replay` only (not the captures' warm-ups), by kernel.
+
+    Per call of a backend attribute of ``dsa_metadata_selection.KERNELS`` (:meth:`attach`: the
+    installed function through a counter) and of the MTP one launch (the call its capture binds,
+    ``launch.bind`` of the real wrapper, so the bound plan path, through a counter) in which ours
+    launched (``credited``: as many calls as launches, checked by ``LoopReport.failures``): whether
+    its batch had more live tiles than the launch has tile programs (:func:`spans`); whether it was "repeated": ours launched at its ``bs`` before, so its plan is
+    made (the capture's warm-up planned twin buffers, and graph capture launches none), but at a
+    ``bs`` an injection routes to ``Fallback.__call__`` (``routed``); and whether it was "planned":
+    a plan's direct launch, ``Fallback.__call__`` not entered (the installed planned function's
+    plan took it; on a GPU every repeated launch of :data:`PLANNED` must be)."""
 
     def __init__(self, monkeypatch):
         from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
         from sglang_dsa_mtp.integration.fallback import Fallback
         from sglang_dsa_mtp.kernels.ops import launch
 
-        self.launches: collections.Counter = collections.Counter()  # of the on arm
-        self.repeated: collections.Counter = collections.Counter()  # of those, at a planned bs
+        self.launches: collections.Counter = collections.Counter()  # ours, on arm, by kernel
+        self.fell_back: collections.Counter = collections.Counter()  # SGLang's behind ours, on arm
+        self.repeated: collections.Counter = collections.Counter()  # of ours, at a planned bs
         self.planned: collections.Counter = collections.Counter()  # of those, the plans'
         self.routed = weakref.WeakKeyDictionary()  # Fallback -> the bs its injection routes
         self.spanned: collections.Counter = collections.Counter()
+        self.credited: collections.Counter = collections.Counter()  # calls that launched ours
+        self._ours: collections.Counter = collections.Counter()  # every launch of ours
+        self._direct: collections.Counter = collections.Counter()  # of those, a plan's
         self._now: Optional[collections.Counter] = None
+        self._sglang_now: Optional[collections.Counter] = None
         self._arm: Optional[str] = None
         self._entered = 0  # calls of Fallback.__call__
+        owners = weakref.WeakKeyDictionary()  # a plan of ours -> its kernel's name
+        for plans, name in our_launch_plans():
+            monkeypatch.setattr(plans, "_plans", {})
+            counted = _CountedKernel(plans.kernel, functools.partial(self._launched, name))
+            monkeypatch.setattr(plans, "kernel", counted)
+            monkeypatch.setattr(plans, "_store", _owning(plans._store, owners, name))
+        plan_launch = launch._Plan.launch
+
+        def direct(plan, inputs) -> bool:
+            launched = plan_launch(plan, inputs)
+            name = owners.get(plan)
+            if launched and name is not None:
+                self._launched(name, direct=True)
+            return launched
+
+        monkeypatch.setattr(launch._Plan, "launch", direct)
         enter = Fallback.__call__
 
         def entered(fallback, *args, **kwargs):
@@ -368,9 +474,11 @@ class Calls:
             bound = launch.bind(function, inputs, **fixed)
 
             def call(*values) -> None:
+                ours = self._ours["MTP one launch"]
                 bound(*values)
-                arguments = dict(zip(inputs, values), **fixed)
-                self._count("MTP one launch", arguments, planned=False, repeated=False)
+                if self._ours["MTP one launch"] > ours:
+                    arguments = dict(zip(inputs, values), **fixed)
+                    self._facts("MTP one launch", arguments, planned=False, repeated=False)
 
             return call
 
@@ -384,42 +492,75 @@ class Calls:
             for attr, kernel, name in KERNELS:
                 installed = getattr(backend, attr)
                 fallback = fallback_of(installed)
-                if fallback is not None and fallback.ours is kernel:
+                if fallback is None:
+                    continue
+                fallback.sglang = self._sglang_counted(fallback.sglang, name)
+                if fallback.ours is kernel:
                     setattr(backend, attr, self._counted(installed, fallback, name))
+
+    def _sglang_counted(self, sglang, name: str):
+        def call(*args, **kwargs):
+            out = sglang(*args, **kwargs)
+            self._launched(name, ours=False)
+            return out
+
+        return call
 
     def _counted(self, installed, fallback, name: str):
         launched = set()  # the bs at which ours launched (made its plan)
 
         def call(*args, **kwargs):
             entered, bs = self._entered, kwargs.get("bs")
+            ours, direct = self._ours[name], self._direct[name]
             out = installed(*args, **kwargs)
-            planned = self._entered == entered
-            if planned or bs not in fallback.failed:
+            if self._ours[name] > ours:
+                planned = self._entered == entered and self._direct[name] > direct
                 repeated = bs in launched and bs not in self.routed.get(fallback, ())
                 launched.add(bs)
-                self._count(name, kwargs, planned=planned, repeated=repeated)
+                self._facts(name, kwargs, planned=planned, repeated=repeated)
             return out
 
         call.fallback = fallback  # fallback_of finds it through the counter
         return call
 
-    def _count(self, name: str, kwargs: dict, *, planned: bool, repeated: bool) -> None:
+    def _launched(self, name: str, *, ours: bool = True, direct: bool = False) -> None:
+        """One launch of kernel ``name``: ours (``direct``: a plan's), or SGLang's behind one of
+        our Fallbacks."""
+        if ours:
+            self._ours[name] += 1
+            self._direct[name] += direct
         if self._now is not None:
-            self._now[name] += 1
+            (self._now if ours else self._sglang_now)[name] += 1
             if self._arm == "on":
-                self.launches[name] += 1
-                self.repeated[name] += repeated
-                self.planned[name] += planned and repeated
-                self.spanned[name] += spans(**kwargs)
+                (self.launches if ours else self.fell_back)[name] += 1
+
+    def _facts(self, name: str, kwargs: dict, *, planned: bool, repeated: bool) -> None:
+        """What one call in which ours launched tells, counted while the on arm replays."""
+        if self._arm == "on":
+            self.credited[name] += 1
+            self.repeated[name] += repeated
+            self.planned[name] += planned and repeated
+            self.spanned[name] += spans(**kwargs)
 
     @contextlib.contextmanager
     def replay(self, arm: str):
-        """The launches counted while ``arm`` ("on", "off") replays: a Counter by kernel."""
-        self._now, self._arm = collections.Counter(), arm
+        """The launches while ``arm`` ("on", "off") replays: (ours, SGLang's kernel's behind our
+        Fallbacks), Counters by kernel."""
+        self._now, self._sglang_now, self._arm = collections.Counter(), collections.Counter(), arm
         try:
-            yield self._now
+            yield self._now, self._sglang_now
         finally:
-            self._now = self._arm = None
+            self._now = self._sglang_now = self._arm = None
+
+
+def _owning(store, owners, name: str):
+    """``LaunchPlans._store`` that first notes the plan as one of ``name``'s in ``owners``."""
+
+    def stored(key, plan, buffers) -> None:
+        owners[plan] = name
+        store(key, plan, buffers)
+
+    return stored
 
 
 def spans(
@@ -636,9 +777,11 @@ def _plugin_log():
         logger.setLevel(level)
 
 
-def forget_all_compiled() -> None:
+def forget_all_compiled(device: torch.device) -> None:
     """Drop every compiled variant of our kernels and of SGLang's replay-metadata kernels (a fresh
-    server process); the live copy's start-up warm-up is then redone by :class:`IndexerCalls`."""
+    server process), on a GPU also of the plugin-off arm's own copy of SGLang's kernels
+    (``dsa_serving.sglang_metadata_kernels``: an earlier run in the process compiled them too); the
+    live copy's start-up warm-up is then redone by :class:`IndexerCalls`."""
     import sglang.kernels.ops.attention.dsa.metadata as sglang_metadata
     from triton.runtime.jit import JITFunction
 
@@ -649,9 +792,10 @@ def forget_all_compiled() -> None:
     )
 
     modules = (dsa_metadata_bounded, dsa_draft_decode_metadata, dsa_paged_mqa_logits_live)
+    modules += (sglang_metadata, metadata_module()) if device.type == "cuda" else (sglang_metadata,)
     kernels = [
         value
-        for module in (*modules, sglang_metadata)
+        for module in modules
         for value in vars(module).values()
         if isinstance(value, JITFunction)
     ]
@@ -681,6 +825,8 @@ class _Server:
         name = f"EAGLE {launch_name}, {'seeded' if seeded else 'unseeded'}"
         self.report = ServerReport(name=name, captured=list(captured))
         self.report.replays = {op: 0 for op in slice_.OPS}
+        self.report.batch_sizes = {op: {} for op in slice_.OPS}
+        self.report.padded = {op: 0 for op in slice_.OPS}
         self.captured = sorted(captured)
         width = sizes.context + 4 + self.tokens
         self.req_to_token = torch.zeros(sizes.pool, width, dtype=torch.int32, device=sizes.device)
@@ -703,6 +849,7 @@ class _Server:
         self.calls = calls
         for arm in (self.on, self.off):
             calls.attach(arm)
+        self.fallbacks = _fallbacks_called(self.on)
         self.report.ours = {op: 0 for op in ENGAGED}
         # The batch sizes at which an ENGAGED op may run SGLang's path instead of ours.
         self.victims_of = {op: set() for op in ENGAGED}
@@ -713,7 +860,8 @@ class _Server:
         # The rounds' random batch sizes: the victims' replayed in their own rounds only (``run``).
         self.regular = [bs for bs in self.captured if bs not in victims.values()]
         # (the Fallback or "MTP", the victim bs, the injection): what may fall back, and why.
-        self.injected: list[tuple[object, int, Injection]] = []
+        # (None for the negative control's routing, ``route_to_sglang``.)
+        self.injected: list[tuple[object, int, Optional[Injection]]] = []
 
     # --- injections -------------------------------------------------------------------------------
 
@@ -830,7 +978,11 @@ class _Server:
         from sglang_dsa_mtp.integration.state import MultiStepState, peek
 
         def expected(owner) -> set:
-            return {bs for o, bs, injection in self.injected if o is owner and injection.raised}
+            return {
+                bs
+                for o, bs, injection in self.injected
+                if o is owner and (injection is None or injection.raised)
+            }
 
         unexpected = self.report.unexpected
         for role, backend in self.on.backends().items():
@@ -853,8 +1005,7 @@ class _Server:
 
     def round(self, index: int, bs: int, counters: dict) -> None:
         sizes, rng, report = self.sizes, self.rng, self.report
-        smaller = [b for b in self.captured if b < bs]
-        raw_bs = rng.randint((smaller[-1] if smaller else 0) + 1, bs)
+        raw_bs = bs if bs == 1 or rng.random() < 0.5 else rng.randint(1, bs - 1)
         slots, lengths = self.requests.batch(raw_bs)
         accepted = [rng.randint(1, self.tokens) for _ in slots]
         odd = index % 2 == 1
@@ -873,14 +1024,16 @@ class _Server:
             for arm in (self.on, self.off):
                 arm.runners[op].poison(bs, POISON)
             extra = accepted_t if op == "draft extend" else None
-            with count_compiles() as compiled, self.calls.replay("on") as ran:
+            with count_compiles() as compiled, self.calls.replay("on") as (ran, fell_back):
                 self.on.replay(op, bs, inputs[op], slot_t, extra)
             counters["on"] += compiled.names
-            with count_compiles() as compiled, self.calls.replay("off") as ran_off:
+            with count_compiles() as compiled, self.calls.replay("off") as (ran_off, _):
                 self.off.replay(op, bs, inputs[op], slot_t, extra)
             counters["off"] += len(compiled.names)
             report.replays[op] += 1
-            self.engagement(f"round {index}, {op} bs {bs}", op, bs, ran, ran_off)
+            report.batch_sizes[op][bs] = report.batch_sizes[op].get(bs, 0) + 1
+            report.padded[op] += raw_bs < bs
+            self.engagement(f"round {index}, {op} bs {bs}", op, bs, ran, ran_off, fell_back)
             skip = slice_.INDEXER_PLANS if op == "draft decode" and self.seeded else ()
             for name, differs in slice_.differences(
                 self.on.runners[op], self.off.runners[op], bs, skip=skip
@@ -899,13 +1052,24 @@ class _Server:
         report.long_requests += sum(n > sizes.long_from for n in lengths)
         self.requests.advance(slots, accepted, self.tokens)
 
-    def engagement(self, label: str, op: str, bs: int, ran, ran_off) -> None:
+    def engagement(self, label: str, op: str, bs: int, ran, ran_off, fell_back) -> None:
         """Count the ENGAGED ops whose ours ran in one replay of ``op`` (``ran``: the on arm's
-        launches, :class:`Calls`); note a miss outside the op's victims, and any launch of ours
-        in the off arm's replay."""
+        launches of ours, :class:`Calls`); note a miss outside the op's victims, any launch of
+        ours in the off arm's replay, and launches of ours or runs of SGLang's kernel behind our
+        Fallbacks (``fell_back``) past what the replay's Fallbacks and MTP plan allow
+        (:meth:`allowed`): ours where SGLang's kernel has the bs, or the other way round."""
         report = self.report
         if ran_off:
             report.unexpected.append(f"{label}: the plugin-off arm ran ours: {dict(ran_off)}")
+        for whose, counted, most in zip(
+            ("ours", "SGLang's"), (ran, fell_back), self.allowed(op, bs)
+        ):
+            over = {name: (n, most[name]) for name, n in counted.items() if n > most[name]}
+            if over:
+                report.unexpected.append(
+                    f"{label}: {whose} launched more than the replay's Fallbacks and MTP plan "
+                    f"allow (kernel: (launches, allowed)): {over}"
+                )
         if op == "draft decode":
             steps = len(self.on.step_backends())
             one_launch = ran["MTP one launch"] > 0
@@ -920,6 +1084,54 @@ class _Server:
                 report.unexpected.append(
                     f"{label}: ours did not run ({name}; launches {dict(ran)})"
                 )
+
+    def allowed(self, op: str, bs: int) -> tuple[collections.Counter, collections.Counter]:
+        """(the most launches of ours, the most runs of SGLang's kernel behind our Fallbacks) that a
+        replay of ``op`` at ``bs`` may count, by kernel: one per Fallback the replay calls
+        (:attr:`fallbacks`), ours where its ``failed`` lacks ``bs``, else SGLang's; and in a draft
+        decode one MTP one launch where the MTP plan of ``bs`` takes it."""
+        from sglang_dsa_mtp.integration.state import MultiStepState, peek
+
+        ours, sglang = collections.Counter(), collections.Counter()
+        for name, fallback in self.fallbacks[op]:
+            (sglang if bs in fallback.failed else ours)[name] += 1
+        if op == "draft decode":
+            plan = peek(self.on.multi, MultiStepState).batch_sizes.get(bs)
+            ours["MTP one launch"] += plan is not None and plan.reason is None
+        return ours, sglang
+
+    def route_to_sglang(self) -> None:
+        """The negative control (``LoopConfig.sglang_only``), after the capture: every Fallback of
+        the on arm sends every captured bs to SGLang's kernel (each in its ``failed``, which its
+        installed planned function reads too), and every captured bs of the MTP draft decode is
+        off the one launch (the path a bs whose one launch raised takes); both recorded as what
+        :meth:`check_fallen_back` expects."""
+        from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
+        from sglang_dsa_mtp.integration.fallback import fallback_of
+        from sglang_dsa_mtp.integration.state import MultiStepState, peek
+
+        for backend in self.on.backends().values():
+            for attr, _, _ in KERNELS:
+                fallback = fallback_of(getattr(backend, attr))
+                if fallback is not None:
+                    fallback.failed.update(self.captured)
+                    self.injected += [(fallback, bs, None) for bs in self.captured]
+        for plan in peek(self.on.multi, MultiStepState).batch_sizes.values():
+            plan.reason = "the negative control"
+        self.injected += [("MTP", bs, None) for bs in self.captured]
+
+
+def _fallbacks_called(arm) -> dict[str, list]:
+    """Per runner of ``arm``, (kernel name, Fallback) of each Fallback its replay calls."""
+    from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
+    from sglang_dsa_mtp.integration.fallback import fallback_of
+
+    attrs = {name: attr for attr, _, name in KERNELS}
+    out = {}
+    for op, name in RUNNER_KERNEL.items():
+        found = [fallback_of(getattr(b, attrs[name])) for b in arm.runners[op].backends]
+        out[op] = [(name, fallback) for fallback in found if fallback is not None]
+    return out
 
 
 def _victims(captured: list[int], rng: random.Random) -> dict:
@@ -947,6 +1159,8 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
     shares = [
         config.rounds // len(pairs) + (i < config.rounds % len(pairs)) for i in range(len(pairs))
     ]
+    if config.inject and config.sglang_only:
+        raise ValueError("the negative control (sglang_only) runs without injections")
     if config.inject and min(shares) < MIN_ROUNDS_INJECTED:
         raise ValueError(
             f"rounds={config.rounds} gives a server {min(shares)} rounds; with injections each "
@@ -958,10 +1172,12 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
         from sglang_dsa_mtp.kernels.ops import host
 
         monkeypatch.setattr(host, "CPU_DEFAULT_BUDGET", config.cpu_budget)
-    with _plugin_log() as log:
-        forget_all_compiled()
+    # The counter's stand-ins (``counting``) are undone when the loop ends: what runs after it in
+    # the process (a benchmark's timings) takes the plain path.
+    with _plugin_log() as log, monkeypatch.context() as counting:
+        forget_all_compiled(device)
         indexer = _IndexerStep(config, monkeypatch, report, rng, gen)
-        calls = Calls(monkeypatch)
+        calls = Calls(counting)
         for (launch_name, seeded), share in zip(pairs, shares):
             # Each server in a process of its own, as it were: its injections undone and its memory
             # freed when it is done, and a fresh once-per-process log memory (the plugin's log keys
@@ -978,6 +1194,8 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
                 server.check_engaged()
                 if config.inject:
                     server.inject_at_replay(own, victims)
+                if config.sglang_only:
+                    server.route_to_sglang()
                 start = time.perf_counter()
                 # The victims' batch sizes in their own rounds only, the capture's first, the
                 # replay injections armed from a third in; the other rounds at the other sizes.
@@ -1013,6 +1231,7 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
     report.compiles_off = counters["off"]
     report.compiles_on_capture = counters["on capture"]
     report.calls, report.spanned = dict(calls.launches), dict(calls.spanned)
+    report.fell_back, report.credited = dict(calls.fell_back), dict(calls.credited)
     report.repeated, report.planned = dict(calls.repeated), dict(calls.planned)
     return report
 
@@ -1020,8 +1239,8 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
 def engagement_table(report: LoopReport) -> str:
     """A markdown table: per server, the plugin-on replays of each ENGAGED op that ran ours; then
     the launches of each kernel of ours (:class:`Calls`), those with more live tiles than tile
-    programs, the repeated launches the planned path took, and the indexer calls the live copy
-    answered."""
+    programs, the runs of SGLang's kernel behind our Fallbacks, the repeated launches the planned
+    path took, and the indexer calls the live copy answered."""
     from support.bench_cli import markdown_header, markdown_row
 
     lines = [markdown_header(["server", *(f"{op}: ours ran" for op in ENGAGED)])]
@@ -1033,6 +1252,7 @@ def engagement_table(report: LoopReport) -> str:
         "tiles than programs)"
         for kernel in sorted(report.calls)
     )
+    fell_back = ", ".join(f"{k} {n:,}" for k, n in sorted(report.fell_back.items()))
     planned = ", ".join(
         f"{op} {report.planned.get(op, 0):,} of {report.repeated[op]:,}"
         for op in PLANNED
@@ -1040,18 +1260,39 @@ def engagement_table(report: LoopReport) -> str:
     )
     lines += [
         "",
-        f"Launches of ours while the plugin-on arm replayed: {launches or 'none'}; repeated "
+        f"Launches of ours while the plugin-on arm replayed: {launches or 'none'}; SGLang's "
+        f"kernel behind our Fallbacks: {fell_back or 'none'}; repeated "
         f"launches the planned path took: {planned or 'none'}; indexer calls the live copy "
         f"answered: {report.indexer_live_calls} of {report.indexer_calls}",
     ]
     return "\n".join(lines)
 
 
+def batch_size_table(report: LoopReport) -> str:
+    """A markdown table: per server and runner, the captured batch sizes its plugin-on replays ran
+    at (of those captured) and its replays of a padded batch (of its replays)."""
+    from support.bench_cli import markdown_header, markdown_row
+
+    lines = [markdown_header(["server", *(f"{op}: bs run, padded" for op in slice_.OPS)])]
+    for server in report.servers:
+        cells = [_batch_sizes_run(server, op) for op in slice_.OPS]
+        lines.append(markdown_row([server.name, *cells]))
+    return "\n".join(lines)
+
+
+def _batch_sizes_run(server: ServerReport, op: str) -> str:
+    return (
+        f"{len(server.batch_sizes[op])} of {len(server.captured)} bs, "
+        f"{server.padded[op]} of {server.replays[op]} padded"
+    )
+
+
 def _progress_line(server: ServerReport) -> str:
     seconds = ", ".join(f"{k} {v:.1f} s" for k, v in server.seconds.items())
     return (
         f"{server.name}: {server.rounds} rounds, {sum(server.replays.values())} replays per arm, "
-        f"{len(server.mismatches)} mismatches ({seconds})"
+        f"{len(server.mismatches)} mismatches, {_batch_sizes_run(server, 'target verify')} "
+        f"({seconds})"
     )
 
 

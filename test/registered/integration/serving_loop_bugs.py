@@ -60,6 +60,22 @@ BUGS = {
         "tl.minimum(tl.cdiv(kv, physical_page_size) * physical_page_size, width)",
         ALL_DEVICES,
     ),
+    # The engagement counter credits SGLang's kernel, run behind our Fallback, to ours.
+    "fallback-launch-counted-as-ours": (
+        "test/support/serving_loop.py",
+        "self._launched(name, ours=False)",
+        "self._launched(name, ours=True)",
+        ALL_DEVICES,
+    ),
+    # The counter's per-call facts (spanning, repeated, planned) credited to a call that launched
+    # none of ours (the old counter's ``if True`` bug, on the line that now asks whether ours
+    # launched in the call).
+    "fallback-call-credited-to-ours": (
+        "test/support/serving_loop.py",
+        "            if self._ours[name] > ours:\n",
+        "            if True:\n",
+        ALL_DEVICES,
+    ),
     "program-stays-on-its-request": (
         "python/sglang_dsa_mtp/kernels/ops/attention/dsa_metadata_common.py",
         "        if tile >= tile_end:\n",

@@ -3,8 +3,10 @@ and off in one process (``support.serving_loop``, its docstring says what a roun
 
 After every replay, every metadata tensor the captured graphs read (``dsa_serving.READ``, checked
 against every tensor of the metadata) equals the off arm's, bit for bit (the compact page table on
-the pages SGLang's kernels write); the plugin-on arm ran ours in at least 90% of each op's replays,
-the misses only at fault victims, and every ``Fallback.failed`` holds only the injected victims;
+the pages SGLang's kernels write); the plugin-on arm ran ours (counted where our kernels launch) in
+at least 90% of each op's replays, the misses only at fault victims, never where a Fallback sends
+the bs to SGLang's kernel, and every ``Fallback.failed`` holds only the injected victims; each
+runner replayed at least half of its captured batch sizes, at least a fifth of its replays padded;
 nothing the plugin-on arm launches compiles after its captures, fallback replays included (on a GPU
 the counter's positive controls count compiles); every injected failure (our kernel at its warm-up
 and at a replay, the MTP decision at capture and its one launch at a replay, the indexer's live copy
@@ -14,12 +16,16 @@ the QLEN_ONLY mask, the one launch; SGLang's everywhere in the other).
 
 On a GPU: SGLang's capture list for ``--cuda-graph-max-bs-decode 48``, a 1M-token context, real
 CUDA graphs, 720 rounds (2,160 replays per arm: 120 rounds of each of the six servers), the
-engagement table printed. On the CPU, its twin: max bs 5, a 128-token context, the graphs
-simulated, 120 rounds (20 per server), a program budget of 2 (programs span requests), Triton's
-interpreter (which compiles nothing). ``serving_loop_bugs.py`` beside it checks that deliberate
-bugs fail these tests.
+engagement and batch-size tables printed. On the CPU, its twin: max bs 10 (SGLang's list: 1 .. 8,
+10), a 128-token context, the graphs simulated, 120 rounds (20 per server), a program budget of
+2 (programs span requests), Triton's interpreter (which compiles nothing).
+
+The negative control, on both: the loop with every replay sent to SGLang's kernels behind our
+Fallbacks (and off the MTP one launch) must count no launch of ours and fail on engagement alone.
+``serving_loop_bugs.py`` beside it checks that deliberate bugs fail these tests.
 """
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -39,6 +45,15 @@ from support.constants import POISON
 
 GPU_ROUNDS = 720  # at least 2,000 replays per arm
 CPU_ROUNDS = 6 * serving_loop.MIN_ROUNDS_INJECTED  # ours in 90% of each server's replays
+# The CPU twin's --cuda-graph-max-bs-decode: SGLang's capture list to 10 (1 .. 8, 10), five batch
+# sizes besides the four fault victims for the random rounds, bs 10 past 8 requests (16 lanes a
+# program).
+CPU_MAX_BS = 10
+# The negative control: one EAGLE launch, seeded and unseeded, 4 rounds each, no injections, no
+# indexer calls; at max bs 3 on the CPU, 8 on the GPU.
+NEGATIVE = dict(
+    servers=(("4/1/5", True), ("4/1/5", False)), rounds=8, inject=False, indexer_every=0
+)
 
 
 @pytest.fixture
@@ -62,6 +77,20 @@ def check(report: serving_loop.LoopReport, *, rounds: int) -> None:
         victims = {i.what.rpartition(" ")[2] for i in report.injections if server.name in i.what}
         assert len(victims) == 4, f"{server.name}: the victims repeat: {victims}"
     assert report.indexer_calls >= 10 and report.indexer_live_calls
+    check_batch_sizes(report)
+
+
+def check_batch_sizes(report: serving_loop.LoopReport) -> None:
+    """Each runner of each server replayed at least half of its captured batch sizes, and at least
+    a fifth of its replays, not all, padded (a batch of fewer requests than the bs)."""
+    for server in report.servers:
+        for op in dsa_serving.OPS:
+            ran, replays = server.batch_sizes[op], server.replays[op]
+            assert 2 * len(ran) >= len(server.captured), f"{server.name}, {op}: bs {sorted(ran)}"
+            padded = server.padded[op]
+            assert (
+                5 * padded >= replays and padded < replays
+            ), f"{server.name}, {op}: {padded} of {replays} replays padded"
 
 
 @pytest.mark.gpu
@@ -72,6 +101,7 @@ def test_the_serving_loop_on_the_gpu_is_bit_identical_compiles_nothing_and_absor
     config = serving_loop.LoopConfig(sizes=sizes, rounds=GPU_ROUNDS, indexer_every=20)
     report = serving_loop.run(config, served, progress=print)
     print(serving_loop.engagement_table(report))
+    print(serving_loop.batch_size_table(report))
     on, off = report.compiles_on_capture, report.compiles_off
     print(f"Triton compiles: plugin-on captures {on}, plugin off while serving {off}")
     check(report, rounds=GPU_ROUNDS)
@@ -86,13 +116,60 @@ def test_the_serving_loop_on_the_gpu_is_bit_identical_compiles_nothing_and_absor
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine the GPU form runs instead")
 def test_the_serving_loop_on_the_cpu_is_bit_identical_and_absorbs_failures(served):
     config = serving_loop.LoopConfig(
-        sizes=dsa_serving.cpu_sizes(), rounds=CPU_ROUNDS, indexer_every=12
+        sizes=dsa_serving.cpu_sizes(CPU_MAX_BS), rounds=CPU_ROUNDS, indexer_every=12
     )
     report = serving_loop.run(config, served, progress=print)
     print(serving_loop.engagement_table(report))
+    print(serving_loop.batch_size_table(report))
     check(report, rounds=CPU_ROUNDS)
     for server in report.servers:
-        assert server.captured == [1, 2, 3, 4, 5], server.name
+        assert server.captured == [*range(1, 9), 10], server.name
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param(
+            "cpu",
+            marks=pytest.mark.skipif(
+                torch.cuda.is_available(), reason="on a CUDA machine the GPU form runs instead"
+            ),
+        ),
+        pytest.param("gpu", marks=pytest.mark.gpu),
+    ],
+)
+def test_the_negative_control_every_replay_on_sglangs_kernels_counts_no_launch_of_ours(
+    served, device
+):
+    """The loop with every Fallback of the plugin-on arm sending every captured bs to SGLang's
+    kernel and every MTP draft-decode bs off the one launch (``LoopConfig.sglang_only``): the
+    counter counts no launch of ours (nor credits a call with one: no spanning, repeated or planned
+    launch), counts
+    SGLang's kernel behind our Fallbacks in every replay, and the run fails on engagement, and on
+    nothing else (the arms still agree bit for bit). On the GPU, at max bs 8."""
+    if device == "gpu":
+        sizes = dataclasses.replace(dsa_serving.GPU_SIZES, max_bs=8, pool=2 * 8 + 1)
+    else:
+        sizes = dsa_serving.cpu_sizes(3)
+    config = serving_loop.LoopConfig(sizes=sizes, sglang_only=True, **NEGATIVE)
+    report = serving_loop.run(config, served, progress=print)
+    print(serving_loop.engagement_table(report))
+    assert report.calls == {}, f"launches of ours counted: {report.calls}"
+    facts = {"credited": report.credited, "spanning": report.spanned}
+    facts.update(repeated=report.repeated, planned=report.planned)
+    assert not any(n for counts in facts.values() for n in counts.values()), facts
+    rounds = sum(server.rounds for server in report.servers)
+    assert rounds == NEGATIVE["rounds"] and report.replays == 3 * rounds
+    for kernel in serving_loop.RUNNER_KERNEL.values():
+        assert report.fell_back.get(kernel, 0) >= rounds, report.fell_back
+    failures = report.failures()
+    for server in report.servers:
+        for op in serving_loop.ENGAGED:
+            line = f"{server.name}: ours ran in 0 of {server.ours_of(op)[1]} {op} replays"
+            assert line in failures, "\n".join(failures)
+    engagement = ("ours ran in 0 of", "ours did not run", "launch had more live tiles than")
+    others = [line for line in failures if not any(part in line for part in engagement)]
+    assert others == [], "\n".join(others)
 
 
 @pytest.mark.quick

@@ -20,6 +20,7 @@ from sglang_dsa_mtp.switches import (
     BOUNDED_REPLAY_METADATA,
     DRAFT_ARGMAX_EXCHANGE,
     LIVE_WIDTH,
+    METADATA_GLUE,
     VERIFY_ARGMAX_EXCHANGE,
     KillSwitch,
 )
@@ -56,7 +57,7 @@ class PluginAttribute:
 
 
 _BOUNDED, _EXCHANGE, _LIVE = (BOUNDED_REPLAY_METADATA,), (DRAFT_ARGMAX_EXCHANGE,), (LIVE_WIDTH,)
-_VERIFY = (VERIFY_ARGMAX_EXCHANGE,)
+_VERIFY, _GLUE = (VERIFY_ARGMAX_EXCHANGE,), (METADATA_GLUE,)
 _OURS = "sglang_dsa_mtp.integration"
 
 HOOKS: tuple[PluginHook, ...] = (
@@ -83,7 +84,7 @@ HOOKS: tuple[PluginHook, ...] = (
         f"{_OURS}.dsa_mtp_draft_metadata:keep_seed_flag",
     ),
     PluginHook(
-        _BOUNDED + _LIVE,
+        _BOUNDED + _LIVE + _GLUE,
         sg.MULTI_STEP_METADATA,
         HookType.AROUND,
         f"{_OURS}.dsa_mtp_draft_metadata:draft_decode_metadata",
@@ -179,6 +180,21 @@ HOOKS: tuple[PluginHook, ...] = (
         sg.MULTI_STEP_INIT_CUDA_GRAPH_STATE,
         HookType.AROUND,
         f"{_OURS}.dsa_graph_page_tables:steps_graph_state",
+    ),
+    # Metadata glue (beyond the spec): every DSA runner's replay prep, padded replays too, through
+    # SGLang's MetadataGlueGraph: the decode runner's own route (target verify, plain decode), a glue
+    # per draft runner held by the plugin (draft extend here, MTP draft decode above).
+    PluginHook(
+        _GLUE,
+        sg.DECODE_RUNNER_REPLAY_PREP,
+        HookType.AROUND,
+        f"{_OURS}.dsa_metadata_glue:glue_replay_prep",
+    ),
+    PluginHook(
+        _GLUE,
+        sg.DSA_METADATA_OUT_GRAPH,
+        HookType.AROUND,
+        f"{_OURS}.dsa_metadata_glue:dsa_prep",
     ),
 )
 

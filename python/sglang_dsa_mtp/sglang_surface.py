@@ -23,6 +23,7 @@ from sglang_dsa_mtp.switches import (
     BOUNDED_REPLAY_METADATA,
     DRAFT_ARGMAX_EXCHANGE,
     LIVE_WIDTH,
+    METADATA_GLUE,
     VERIFY_ARGMAX_EXCHANGE,
     KillSwitch,
 )
@@ -41,20 +42,22 @@ EAGLE_V2 = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 EXTEND_RUNNER = (
     "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner"
 )
+DECODE_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 GROUP = "sglang.srt.distributed.parallel_state.GroupCoordinator"
 CUSTOM_ALL_REDUCE_V2 = (
     "sglang.srt.distributed.device_communicators.custom_all_reduce_v2.CustomAllReduceV2"
 )
 HOOK_REGISTRY = "sglang.srt.plugins.hook_registry.HookRegistry"
 
-_BOUNDED, _DRAFT, _VERIFY, _LIVE = (
+_BOUNDED, _DRAFT, _VERIFY, _LIVE, _GLUE = (
     (BOUNDED_REPLAY_METADATA,),
     (DRAFT_ARGMAX_EXCHANGE,),
     (VERIFY_ARGMAX_EXCHANGE,),
     (LIVE_WIDTH,),
+    (METADATA_GLUE,),
 )
 _EXCHANGES = _DRAFT + _VERIFY
-_ALL = _BOUNDED + _EXCHANGES + _LIVE
+_ALL = _BOUNDED + _EXCHANGES + _LIVE + _GLUE
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ DRAFT_EXTEND_EXECUTE = f"{EXTEND_RUNNER}.execute"
 INIT_ATTENTION_BACKENDS = f"{EAGLE_V2}.init_attention_backends"
 EAGLE_SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
 VERIFY_TREE_GREEDY = "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_func"
+DECODE_RUNNER_REPLAY_PREP = f"{DECODE_RUNNER}._init_replay_attn_metadata"
+DSA_METADATA_OUT_GRAPH = f"{DSA}.init_forward_metadata_out_graph"
 
 # The classes that get an attribute of the plugin's (hooks.ATTRIBUTES).
 LOGITS_PROCESSOR = f"{LOGITS}.LogitsProcessor"
@@ -142,6 +147,16 @@ SURFACE: tuple[Name, ...] = (
         _VERIFY,
         "the cast of the verify's full logits into SGLang's logits buffer",
         f"{LOGITS_PROCESSOR}._copy_logits_to_buffer",
+    ),
+    *_names(
+        _GLUE,
+        "the decode runner's metadata glue, given the DSA backend's; its route through the replay "
+        "view to the glue, taken for a padded replay too; the early-staged verify, which keeps "
+        "SGLang's own glue",
+        f"{DECODE_RUNNER}._metadata_glue",
+        f"{DECODE_RUNNER}._early_verify_metadata",
+        f"{DECODE_RUNNER}._init_replay_attn_metadata_from_view",
+        instance=(f"{DECODE_RUNNER}._metadata_glue", f"{DECODE_RUNNER}._early_verify_metadata"),
     ),
 )
 
@@ -282,4 +297,41 @@ def outplace_all_reduce_method(group_view, probe, *, should_use_pymscclpp_allred
 
     return GroupCoordinator._resolve_outplace_all_reduce_method(
         group_view, probe, should_use_pymscclpp_allreduce=should_use_pymscclpp_allreduce
+    )
+
+
+def metadata_glue(runner):
+    """The decode runner's ``MetadataGlueGraph``, or None."""
+    return runner._metadata_glue
+
+
+def install_metadata_glue(runner, glue) -> None:
+    """Give the decode runner ``glue`` as its own."""
+    runner._metadata_glue = glue
+
+
+def early_verify_metadata(runner):
+    """The decode runner's early-staged verify metadata (DSpark), or None."""
+    return runner._early_verify_metadata
+
+
+def glued_replay_prep(
+    runner, forward_batch, *, raw_bs, bs, num_tokens, glue_key, early_staged, attention_variant
+) -> None:
+    """The decode runner's replay prep through its glue, ``raw_bs == bs`` or not: a captured key
+    replayed (without the replay view, which a captured DSA prep does not read: SGLang's
+    ``SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW`` route), else the prep through the view with the key (the
+    glue's warm-ups and capture)."""
+    del early_staged  # the caller routes no replay staged early
+    glue = runner._metadata_glue
+    if glue.is_captured(glue_key):
+        glue.replay(glue_key)
+        return
+    runner._init_replay_attn_metadata_from_view(
+        forward_batch,
+        raw_bs=raw_bs,
+        bs=bs,
+        num_tokens=num_tokens,
+        glue_key=glue_key,
+        attention_variant=attention_variant,
     )

@@ -93,9 +93,21 @@ VERIFY_ARGMAX_EXCHANGE = KillSwitch(
     env="SGLANG_SPEC_VERIFY_ARGMAX_EXCHANGE",
     description="greedy EAGLE target verify takes its argmax from vocab-shard argmax partials",
 )
+METADATA_GLUE = KillSwitch(
+    feature="metadata_glue",
+    env="SGLANG_DSA_METADATA_GLUE",
+    description="every DSA graph runner's replay prep, padded replays too, through SGLang's "
+    "MetadataGlueGraph: one graph launch per replay",
+)
 LIVE_WIDTH = KillSwitch(
     feature="live_width",
     env="SGLANG_DSA_LIVE_WIDTH",
     description="DSA per-round buffers and copies sized by the live KV length, not --context-length",
 )
-SWITCHES = (BOUNDED_REPLAY_METADATA, DRAFT_ARGMAX_EXCHANGE, VERIFY_ARGMAX_EXCHANGE, LIVE_WIDTH)
+SWITCHES = (
+    BOUNDED_REPLAY_METADATA,
+    DRAFT_ARGMAX_EXCHANGE,
+    VERIFY_ARGMAX_EXCHANGE,
+    LIVE_WIDTH,
+    METADATA_GLUE,
+)

@@ -14,6 +14,7 @@ from sglang_dsa_mtp.switches import (
     BOUNDED_REPLAY_METADATA,
     DRAFT_ARGMAX_EXCHANGE,
     LIVE_WIDTH,
+    METADATA_GLUE,
     SWITCHES,
     VERIFY_ARGMAX_EXCHANGE,
 )
@@ -21,16 +22,18 @@ from sglang_dsa_mtp.switches import (
 SWITCH_PARAMS = [pytest.param(switch, id=switch.feature) for switch in SWITCHES]
 
 
-def test_the_two_spec_switches_and_the_two_beyond_it():
+def test_the_two_spec_switches_and_the_three_beyond_it():
     assert BOUNDED_REPLAY_METADATA.env == "SGLANG_DSA_BOUNDED_REPLAY_METADATA"
     assert DRAFT_ARGMAX_EXCHANGE.env == "SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE"
     assert VERIFY_ARGMAX_EXCHANGE.env == "SGLANG_SPEC_VERIFY_ARGMAX_EXCHANGE"
     assert LIVE_WIDTH.env == "SGLANG_DSA_LIVE_WIDTH"
+    assert METADATA_GLUE.env == "SGLANG_DSA_METADATA_GLUE"
     assert SWITCHES == (
         BOUNDED_REPLAY_METADATA,
         DRAFT_ARGMAX_EXCHANGE,
         VERIFY_ARGMAX_EXCHANGE,
         LIVE_WIDTH,
+        METADATA_GLUE,
     )
 
 

@@ -268,7 +268,52 @@ def cuda_stand_ins(monkeypatch, *, sms: int | None = None) -> StandIns:
         kernels = metadata_module(strip_asserts=True)
         for name in SGLANG_METADATA_KERNELS:
             monkeypatch.setattr(manager, name, getattr(kernels, name))
+        cpu_glue_graphs(monkeypatch)
     return stand_ins
+
+
+class _CpuGraph:
+    """``torch.cuda.CUDAGraph`` as a metadata glue uses it, off a GPU: its capture records each
+    prep call made in it (made, as a CUDA capture makes it, not run), a replay makes them again
+    with the capture's arguments (the same buffers, the capture's host values)."""
+
+    capturing: list = []  # the graphs being captured, innermost last
+
+    def __init__(self):
+        self.calls = []
+
+    def replay(self) -> None:
+        for call in self.calls:
+            call()
+
+
+@contextlib.contextmanager
+def _cpu_capture(graph, **options):
+    _CpuGraph.capturing.append(graph)
+    try:
+        yield
+    finally:
+        _CpuGraph.capturing.pop()
+
+
+def cpu_glue_graphs(monkeypatch) -> None:
+    """SGLang's ``MetadataGlueGraph`` off a GPU: its capture stream, graph and capture as
+    :class:`_CpuGraph` simulates them, recording the calls of the plugin's ``GluedPrep`` (every
+    prep a glue captures goes through one)."""
+    from sglang_dsa_mtp.integration.dsa_metadata_glue import GluedPrep
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *args, **kwargs: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _CpuGraph)
+    monkeypatch.setattr(torch.cuda, "graph", _cpu_capture)
+    prep = GluedPrep.init_forward_metadata_out_graph
+
+    def recorded(self, forward_batch) -> None:
+        if _CpuGraph.capturing:
+            _CpuGraph.capturing[-1].calls.append(lambda: prep(self, forward_batch))
+        else:
+            prep(self, forward_batch)
+
+    monkeypatch.setattr(GluedPrep, "init_forward_metadata_out_graph", recorded)
 
 
 def _no_jit_kernel(*args, **kwargs):

@@ -65,8 +65,9 @@ from support.reference import metadata_module
 from support.sglang_stubs import install_native_stubs
 
 BOUNDED_ENV, LIVE_ENV = "SGLANG_DSA_BOUNDED_REPLAY_METADATA", "SGLANG_DSA_LIVE_WIDTH"
-ON = {BOUNDED_ENV: "1", LIVE_ENV: "1"}  # the plugin's defaults
-OFF = {BOUNDED_ENV: "0", LIVE_ENV: "0"}  # both kill switches: SGLang's own paths
+GLUE_ENV = "SGLANG_DSA_METADATA_GLUE"
+ON = {BOUNDED_ENV: "1", LIVE_ENV: "1", GLUE_ENV: "1"}  # the plugin's defaults
+OFF = {BOUNDED_ENV: "0", LIVE_ENV: "0", GLUE_ENV: "0"}  # every kill switch: SGLang's own paths
 OPS = ("target verify", "draft extend", "draft decode")
 FILL = 1  # DSA's get_cuda_graph_seq_len_fill_value: the seq_len of a padded graph row
 # The tensors of a batch size's DSAMetadata that the captured forward reads, compared whole
@@ -329,19 +330,99 @@ def metadata_reads(metadata) -> tuple[dict[str, torch.Tensor], dict[str, object]
     }
 
 
+def decode_runner(backend, mode, *, seq_lens, req_pool_indices, max_tokens: int):
+    """SGLang's ``DecodeCudaGraphRunner`` as its replay prep sees it (``load_batch`` ->
+    ``_init_replay_attn_metadata``): the runner holds ``backend``, captures ``mode``, and its input
+    buffers are ``seq_lens`` / ``req_pool_indices`` (the harness's runner's); no pdmux, two-batch
+    overlap, LoRA or DP gather, no metadata glue of SGLang's own (its switch's default), EAGLE
+    speculative decoding. Built without its constructor (which captures a model's graphs): every
+    attribute set here is one its replay prep reads."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    runner = DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner)
+    device = seq_lens.device
+    runner.__dict__.update(
+        attn_backend=backend,
+        device=device,
+        capture_forward_mode=mode,
+        model_runner=SimpleNamespace(
+            spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"), lora_manager=None
+        ),
+        enable_pdmux=False,
+        enable_two_batch_overlap=False,
+        require_mlp_tp_gather=False,
+        require_attn_tp_gather=False,
+        is_encoder_decoder=False,
+        seq_len_fill_value=FILL,
+        _metadata_glue=None,
+        _skip_glued_replay_view=False,
+        buffers=SimpleNamespace(
+            input_ids=torch.zeros(max_tokens, dtype=torch.int64, device=device),
+            positions=torch.zeros(max_tokens, dtype=torch.int64, device=device),
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
+            seq_lens_cpu=None,
+            encoder_lens=None,
+            mamba_track_indices=None,
+        ),
+    )
+    return runner
+
+
+def replay_prep(runner, *, raw_bs: int, bs: int, num_tokens: int) -> None:
+    """The decode runner's replay prep for a batch of ``raw_bs`` requests replayed at the captured
+    ``bs`` (its buffers already filled, padded rows included), as ``load_batch`` calls it."""
+    mode = runner.capture_forward_mode
+    forward_batch = SimpleNamespace(
+        forward_mode=mode,
+        seq_lens_sum=None,  # DSA opts out of the host sum (needs_cpu_seq_lens = False)
+        seq_lens_cpu=None,
+        max_seq_len_host=None,
+        out_cache_loc=None,
+        out_cache_loc_virtual=None,
+        kv_loc_plan=None,
+        kv_loc_cols=None,
+        max_seq_len_override=None,
+        spec_info=None,
+        lora_ids=None,
+        can_run_decode_cuda_graph=True,
+    )
+    runner._init_replay_attn_metadata(
+        forward_batch,
+        raw_bs=raw_bs,
+        bs=bs,
+        num_tokens=num_tokens,
+        glue_key=runner._glue_key(bs, str(mode), None),
+        early_staged=False,
+        attention_variant=None,
+    )
+
+
 class Runner:
     """One graph runner of an arm, as its attention backend sees it.
 
     ``op`` is one of :data:`OPS`: the target's verify runner (``TARGET_VERIFY``, its seq_lens and
-    request slots the runner's static buffers), the draft-extend runner (``DRAFT_EXTEND_V2``: the
+    request slots the runner's static buffers; its replay prep through SGLang's
+    ``DecodeCudaGraphRunner``, :func:`decode_runner`), the draft-extend runner (``DRAFT_EXTEND_V2``: the
     whole static buffers, the accept lengths in ``spec_info``), the draft-decode runner (``DECODE``
     on the multi-step backend: the caller's tensors when the batch fills the captured size, else the
     static buffers). A padded row has seq_len :data:`FILL` and slot 0, as the runners pad."""
 
-    def __init__(self, op: str, backend, *, sizes: Sizes, graphs: Graphs, reader: bool = True):
+    def __init__(
+        self,
+        op: str,
+        backend,
+        *,
+        sizes: Sizes,
+        graphs: Graphs,
+        tokens: int,
+        reader: bool = True,
+    ):
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
         self.op, self.backend, self.graphs, self.reader = op, backend, graphs, reader
+        self.tokens = tokens
         self.mode = {
             "target verify": ForwardMode.TARGET_VERIFY,
             "draft extend": ForwardMode.DRAFT_EXTEND_V2,
@@ -354,6 +435,15 @@ class Runner:
         self.reads: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.static: dict[int, dict[str, object]] = {}
         self._outputs: dict[str, torch.Tensor] = {}
+        self.decode_runner = None
+        if op == "target verify":
+            self.decode_runner = decode_runner(
+                backend,
+                self.mode,
+                seq_lens=self.seq_lens,
+                req_pool_indices=self.req_pool_indices,
+                max_tokens=sizes.max_bs * tokens,
+            )
 
     @property
     def backends(self) -> list:
@@ -438,8 +528,13 @@ class Runner:
             batch = self._batch(bs, self.seq_lens[:bs], self.req_pool_indices[:bs])
         else:
             batch = self._batch(bs, lengths, slots)
+        if self.op == "draft decode":  # as the runner hands the multi-step backend its batch
+            batch.num_padding = bs - raw
         start = time.perf_counter()
-        self.backend.init_forward_metadata_out_graph(batch)
+        if self.decode_runner is None:
+            self.backend.init_forward_metadata_out_graph(batch)
+        else:
+            replay_prep(self.decode_runner, raw_bs=raw, bs=bs, num_tokens=bs * self.tokens)
         host_us = (time.perf_counter() - start) * 1e6
         self.graphs.replay((self.op, bs))
         return host_us
@@ -567,7 +662,7 @@ class Arm:
         backends = {"target verify": self.target, "draft decode": self.multi}
         backends["draft extend"] = self.extend
         self.runners = {
-            op: Runner(op, backend, sizes=sizes, graphs=self.graphs, reader=reader)
+            op: Runner(op, backend, sizes=sizes, graphs=self.graphs, tokens=tokens, reader=reader)
             for op, backend in backends.items()
         }
 

@@ -100,6 +100,9 @@ EDGES = (0, 1, 63, 64, 65, 127, 128, 129)  # and the context itself
 # the indexer calls.
 ENGAGED = ("target verify", "draft extend", "draft decode", "MTP one launch")
 MIN_OURS = 0.9
+# With the metadata glue, the share of each runner's replays its glue must serve as one graph
+# launch, padded replays included.
+MIN_GLUED = 0.9
 # A server with injections replays its victims' batch sizes in four rounds only (``run``), which
 # leaves two draft decodes without the one launch: at least 20 rounds keep that within 10%.
 MIN_ROUNDS_INJECTED = 20
@@ -142,6 +145,10 @@ class LoopConfig:
     # launch (``_Server.route_to_sglang``), so that no replay launches ours; the run must fail on
     # engagement and count no launch of ours.
     sglang_only: bool = False
+    # The plugin-on arm's replay prep through the metadata glue (the plugin's default: every
+    # runner's prep captured with the server's graphs, each replay one graph launch); False: its
+    # eager prep (SGLANG_DSA_METADATA_GLUE=0).
+    glue: bool = True
 
 
 @dataclasses.dataclass
@@ -179,6 +186,10 @@ class ServerReport:
     # those of a batch padded to it (fewer requests than the bs).
     batch_sizes: dict[str, dict[int, int]] = dataclasses.field(default_factory=dict)
     padded: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Per runner, with the glue: the plugin-on arm's replays its glue served as one graph launch,
+    # and its eager preps by reason.
+    glued: dict[str, int] = dataclasses.field(default_factory=dict)
+    glue_eager: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     def ours_of(self, op: str) -> tuple[int, int]:
         """(replays that ran ours, replays) of an ENGAGED op."""
@@ -237,6 +248,12 @@ class LoopReport:
                 ran, replays = server.ours_of(op)
                 if ran < MIN_OURS * replays:
                     out.append(f"{server.name}: ours ran in {ran} of {replays} {op} replays")
+            for op, glued in server.glued.items():
+                if glued < MIN_GLUED * server.replays[op]:
+                    out.append(
+                        f"{server.name}: the glue served {glued} of {server.replays[op]} {op} "
+                        f"replays (eager: {server.glue_eager.get(op)})"
+                    )
         missed = self.indexer_calls - self.indexer_live_calls
         injected = sum(i.raised for i in self.injections if i.where == "indexer")
         if self.indexer_calls and (
@@ -835,7 +852,9 @@ class _Server:
             sizes=sizes, tokens=self.tokens, req_to_token=self.req_to_token, seeded=seeded
         )
         start = time.perf_counter()
-        self.on = slice_.Arm("plugin on", slice_.ON, **common)
+        self.glue = config.glue
+        on = slice_.ON if config.glue else {**slice_.ON, slice_.GLUE_ENV: "0"}
+        self.on = slice_.Arm("plugin on", on, **common)
         self.off = slice_.Arm(
             "plugin off",
             slice_.OFF,
@@ -940,7 +959,7 @@ class _Server:
 
     def check_engaged(self) -> None:
         """The facts that make the on arm the plugin's and the off arm SGLang's, each True when it
-        holds (the MTP capture victim's batch size aside)."""
+        holds (the MTP victims' batch sizes aside)."""
         from sglang_dsa_mtp.integration.fallback import fallback_of
         from sglang_dsa_mtp.integration.state import MultiStepState, peek
 
@@ -961,14 +980,22 @@ class _Server:
                 facts["on: the target has a QLEN_ONLY verify mask"] = (
                     arm.target.verify_mask is not None
                 )
-                facts["on: the MTP draft decode takes the one launch"] = (
-                    len(one_launch) >= len(self.captured) - 1
+                victims = {bs for owner, bs, _ in self.injected if owner == "MTP"}
+                facts["on: the MTP draft decode takes the one launch"] = set(one_launch) >= (
+                    set(self.captured) - victims
                 )
+                if self.glue:
+                    facts["on: every runner's prep is captured in its glue, every bs"] = all(
+                        _captured_every_bs(arm, self.captured)
+                    )
             else:
                 facts["off: every backend has SGLang's kernels"] = not any(kernels)
                 facts["off: every backend keeps its wide page_table_1"] = not any(dropped)
                 facts["off: the target has no verify mask"] = arm.target.verify_mask is None
                 facts["off: the MTP draft decode takes SGLang's precompute"] = not one_launch
+                facts["off: no runner's prep has a glue"] = not any(
+                    _captured_every_bs(arm, self.captured)
+                )
 
     def check_fallen_back(self) -> None:
         """Every ``Fallback.failed`` of the on arm, and its MTP batch sizes off the one launch: the
@@ -1100,15 +1127,15 @@ class _Server:
             ours["MTP one launch"] += plan is not None and plan.reason is None
         return ours, sglang
 
-    def route_to_sglang(self) -> None:
-        """The negative control (``LoopConfig.sglang_only``), after the capture: every Fallback of
-        the on arm sends every captured bs to SGLang's kernel (each in its ``failed``, which its
-        installed planned function reads too), and every captured bs of the MTP draft decode is
-        off the one launch (the path a bs whose one launch raised takes); both recorded as what
-        :meth:`check_fallen_back` expects."""
+    def route_to_sglang(self, monkeypatch) -> None:
+        """The negative control (``LoopConfig.sglang_only``), before the capture (so that a glue
+        captures what the replays then run): every Fallback of the on arm sends every captured bs
+        to SGLang's kernel (each in its ``failed``), and every captured bs of the MTP draft decode
+        is decided off the one launch (the path a bs whose one launch raised takes); both recorded
+        as what :meth:`check_fallen_back` expects."""
+        from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
         from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
         from sglang_dsa_mtp.integration.fallback import fallback_of
-        from sglang_dsa_mtp.integration.state import MultiStepState, peek
 
         for backend in self.on.backends().values():
             for attr, _, _ in KERNELS:
@@ -1116,9 +1143,74 @@ class _Server:
                 if fallback is not None:
                     fallback.failed.update(self.captured)
                     self.injected += [(fallback, bs, None) for bs in self.captured]
-        for plan in peek(self.on.multi, MultiStepState).batch_sizes.values():
-            plan.reason = "the negative control"
+        decide, multi = mtp.why_not_one_launch, self.on.multi
+
+        def why_not_one_launch(owner, bs):
+            return "the negative control" if owner is multi else decide(owner, bs)
+
+        monkeypatch.setattr(mtp, "why_not_one_launch", why_not_one_launch)
         self.injected += [("MTP", bs, None) for bs in self.captured]
+
+    # --- the metadata glue ------------------------------------------------------------------------
+
+    def arm_in_glue_captures(self, monkeypatch) -> None:
+        """The replay injections armed while a glue of the on arm runs a prep to capture it (its
+        eager warm-ups and its capture, at the server's capture): with the glue, no code of ours
+        runs at a replay, so a failure of ours can only happen there."""
+        from sglang_dsa_mtp.integration import dsa_metadata_glue as glue
+
+        capture_key = glue._capture_key
+
+        def armed(*args, **kwargs):
+            self.armed = True
+            try:
+                capture_key(*args, **kwargs)
+            finally:
+                self.armed = False
+
+        monkeypatch.setattr(glue, "_capture_key", armed)
+
+    def count_glued(self) -> None:
+        """Per runner of the on arm: the replays its glue served as one graph launch, and its eager
+        preps by reason."""
+        for op, (glue, counts) in arm_glues(self.on).items():
+            self.report.glued[op] = 0 if glue is None else glue.replays
+            if counts is not None:
+                self.report.glue_eager[op] = dict(counts.eager)
+
+
+def _captured_every_bs(arm, captured) -> list[bool]:
+    """Per runner of ``arm``: whether its glue captured every bs of ``captured`` (at the server's
+    capture, keyed as the runner's replays find them)."""
+    from sglang_dsa_mtp.integration.dsa_metadata_glue import backend_glue, glue_key
+    from sglang_dsa_mtp.integration.state import MultiStepState, peek
+
+    out = []
+    for runner in (arm.runners["target verify"], arm.runners["draft extend"]):
+        glue = backend_glue(runner.backend)
+        out.append(
+            glue is not None and all(glue.is_captured(glue_key(bs, runner.mode)) for bs in captured)
+        )
+    multi = peek(arm.multi, MultiStepState).glue
+    out.append(multi.reason is None and all(multi.glue[1].is_captured((bs,)) for bs in captured))
+    return out
+
+
+def arm_glues(arm) -> dict[str, tuple]:
+    """Per runner of ``arm``: (its ``MetadataGlueGraph`` or None, its ``GlueCounts`` or None)."""
+    from sglang_dsa_mtp.integration.dsa_metadata_glue import backend_glue, glue_counts
+    from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, RunnerState, peek
+
+    runner = arm.runners["target verify"].decode_runner
+    multi = peek(arm.multi, MultiStepState).glue
+    return {
+        "target verify": (runner._metadata_glue, glue_counts(runner, RunnerState)),
+        "draft extend": (backend_glue(arm.extend), glue_counts(arm.extend, BackendState)),
+        "draft decode": (
+            None if multi.reason is not None else multi.glue[1],
+            glue_counts(arm.multi, MultiStepState),
+        ),
+    }
 
 
 def _fallbacks_called(arm) -> dict[str, list]:
@@ -1190,12 +1282,15 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
                 )
                 if config.inject:
                     server.inject_before_capture(own, victims)
+                    if config.glue:  # raising in the glue's warm-ups and capture
+                        server.inject_at_replay(own, victims)
+                        server.arm_in_glue_captures(own)
+                if config.sglang_only:
+                    server.route_to_sglang(own)
                 server.capture(counters)
                 server.check_engaged()
-                if config.inject:
+                if config.inject and not config.glue:
                     server.inject_at_replay(own, victims)
-                if config.sglang_only:
-                    server.route_to_sglang()
                 start = time.perf_counter()
                 # The victims' batch sizes in their own rounds only, the capture's first, the
                 # replay injections armed from a third in; the other rounds at the other sizes.
@@ -1208,13 +1303,14 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
                     torch.cuda.synchronize()
                 with torch.cuda.stream(forward) if forward else contextlib.nullcontext():
                     for index in range(share):
-                        server.armed = config.inject and index >= arm_at
+                        server.armed = config.inject and not config.glue and index >= arm_at
                         server.round(index, forced.get(index, rng.choice(server.regular)), counters)
                         if indexer.due():
                             indexer.call(server.report.name, counters)
                 if forward:
                     torch.cuda.synchronize()
                 server.check_fallen_back()
+                server.count_glued()
                 server.report.seconds["rounds"] = time.perf_counter() - start
                 report.servers.append(server.report)
                 report.injections += server.injections

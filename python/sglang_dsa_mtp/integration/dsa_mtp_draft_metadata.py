@@ -14,7 +14,9 @@ each step backend's kernels (ours and SGLang's behind it, which 2 and 3 call) ar
 own capture (``dsa_metadata_capture``), and SGLang's JIT metadata copies, which only 3 runs, are
 loaded when a bs is captured for the one launch with the step tables kept. Hooks: AROUND
 ``__init__`` (keeps ``seed_dsa_topk_from_draft_extend``), AROUND ``init_forward_metadata_out_graph``
-(both switches). Details: docs/switches.md, section "One-launch MTP draft-decode metadata".
+(both switches, and the metadata glue's: each replay's prep, whichever path, through the glue of
+``dsa_metadata_glue`` where it applies). Details: docs/switches.md, section "One-launch MTP
+draft-decode metadata".
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode, build_inne
 
 from sglang_dsa_mtp import sglang_surface
 from sglang_dsa_mtp.hooks import why_off
+from sglang_dsa_mtp.integration.dsa_metadata_glue import capture_mtp, mtp_replay
 from sglang_dsa_mtp.integration.state import DraftDecodeBs, MultiStepState, peek, state_of
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     MAX_DESTINATIONS,
@@ -101,11 +104,19 @@ INPUTS = ("seq_lens", "req_pool_indices")
 
 def draft_decode_metadata(original, self, forward_batch, in_capture=False):
     """AROUND ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``."""
-    state = peek(self, MultiStepState)
     if in_capture:
         result = original(self, forward_batch, in_capture=True)
         _capture(self, forward_batch)
+        capture_mtp(self, forward_batch, lambda fb: _replay(original, self, fb))
         return result
+    if mtp_replay(self, forward_batch):
+        return None
+    return _replay(original, self, forward_batch)
+
+
+def _replay(original, self, forward_batch) -> None:
+    """One replay's prep, eagerly: the one launch, each step's own replay, or SGLang's."""
+    state = peek(self, MultiStepState)
     bs = forward_batch.batch_size
     plan = state.batch_sizes.get(bs)
     if plan is not None and plan.reason is None:
@@ -117,7 +128,8 @@ def draft_decode_metadata(original, self, forward_batch, in_capture=False):
     if state.steps_dropped:
         _replay_each_step(self, forward_batch, bs)
         return None
-    return original(self, forward_batch, in_capture=False)
+    original(self, forward_batch, in_capture=False)
+    return None
 
 
 def _give_up(multi, state: MultiStepState, plan: DraftDecodeBs, bs: int, exc, what: str) -> None:

@@ -1,7 +1,8 @@
 """What the plugin keeps on SGLang's objects: one typed state object per object, in one place.
 
 Each SGLang object the hooks decide something about holds one state object in its ``__dict__``,
-under :data:`ATTR`: a DSA attention backend a :class:`BackendState`, the MTP draft-decode backend a
+under :data:`ATTR`: a decode graph runner a :class:`RunnerState`, a DSA attention backend a
+:class:`BackendState`, the MTP draft-decode backend a
 :class:`MultiStepState`, a model's ``LogitsProcessor`` a :class:`ProcessorState`. A field's
 default is what holds before the hook that sets it has run (for instance on an object built before
 the plugin's hooks were applied).
@@ -9,12 +10,48 @@ the plugin's hooks were applied).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 ATTR = "_sglang_dsa_mtp"
 State = TypeVar("State")
+
+
+UNDECIDED = "not decided yet"
+
+
+@dataclass
+class GlueCounts:
+    """What one runner's metadata glue served: replays routed to it (``padded`` of them), and
+    replays whose prep ran eagerly, by reason."""
+
+    routed: int = 0
+    padded: int = 0
+    eager: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class GlueState:
+    """One runner's metadata glue (``dsa_metadata_glue``)."""
+
+    # The decode runner: None (SGLang's runner holds its MetadataGlueGraph); a draft runner's
+    # backend: (its GluedPrep, its MetadataGlueGraph).
+    glue: Any = None
+    reason: str | None = UNDECIDED  # why its prep stays eager; None when the glue serves it
+    counts: GlueCounts = field(default_factory=GlueCounts)
+    inputs: dict = field(default_factory=dict)  # MTP draft decode: bs -> its captured inputs
+
+    def eager(self, why: str) -> None:
+        self.counts.eager[why] += 1
+
+
+@dataclass
+class RunnerState:
+    """A ``DecodeCudaGraphRunner`` (target verify, plain decode)."""
+
+    glue: GlueState = field(default_factory=GlueState)
 
 
 @dataclass
@@ -32,6 +69,7 @@ class BackendState:
     step_reader: str | None = (
         "a draft step backend built outside DeepseekSparseAttnMultiStepBackend"
     )
+    glue: GlueState = field(default_factory=GlueState)  # the draft extend's metadata glue
 
 
 @dataclass
@@ -58,6 +96,7 @@ class MultiStepState:
     batch_sizes: dict[int, DraftDecodeBs] = field(default_factory=dict)
     one_launch_logged: bool | None = None  # what its start-up line said: one launch on, or off
     steps_dropped: bool = False  # a step backend has no wide page_table_1
+    glue: GlueState = field(default_factory=GlueState)  # its metadata glue
 
 
 @dataclass

@@ -76,6 +76,23 @@ BUGS = {
         "            if True:\n",
         ALL_DEVICES,
     ),
+    # The MTP draft decode's glue captured on a private copy of its inputs: every later replay
+    # reads the copy's capture-time lengths (an address no replay writes, frozen in the graph).
+    "glue-captures-a-frozen-input": (
+        "python/sglang_dsa_mtp/integration/dsa_metadata_glue.py",
+        "view = SimpleNamespace(**vars(forward_batch), num_padding=0)",
+        "view = SimpleNamespace(**{**vars(forward_batch), "
+        '"seq_lens": forward_batch.seq_lens.clone()}, num_padding=0)',
+        ALL_DEVICES,
+    ),
+    # The target verify's padded replays left to the eager prep: the glue serves too few replays.
+    "glue-skips-padded-replays": (
+        "python/sglang_dsa_mtp/integration/dsa_metadata_glue.py",
+        "    why = _why_eager(self, kwargs)\n",
+        '    why = _why_eager(self, kwargs) or ("padded" if kwargs["raw_bs"] != kwargs["bs"] '
+        "else None)\n",
+        ALL_DEVICES,
+    ),
     "program-stays-on-its-request": (
         "python/sglang_dsa_mtp/kernels/ops/attention/dsa_metadata_common.py",
         "        if tile >= tile_end:\n",

@@ -22,7 +22,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
 from sglang_dsa_mtp.integration.state import MultiStepState, state_of
-from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH
+from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH, METADATA_GLUE
 from support.constants import POISON
 from support.dsa_backends import graph_batch, metadata_tensors, poison
 from support.metadata_cases import kernel_for
@@ -111,9 +111,13 @@ def test_plugin_hooks_the_multi_step_backend_once_per_target():
         f"{OWNER}.init_cuda_graph_state",
     }
     assert len({row.target for row in rows}) == len(rows)
-    for method in ("init_forward_metadata_out_graph", "init_cuda_graph_state"):
+    switches = {
+        "init_forward_metadata_out_graph": {BOUNDED_REPLAY_METADATA, LIVE_WIDTH, METADATA_GLUE},
+        "init_cuda_graph_state": {BOUNDED_REPLAY_METADATA, LIVE_WIDTH},
+    }
+    for method, expected in switches.items():
         [row] = [row for row in rows if row.target == f"{OWNER}.{method}"]
-        assert set(row.switches) == {BOUNDED_REPLAY_METADATA, LIVE_WIDTH}, method
+        assert set(row.switches) == expected, method
 
 
 def test_a_new_graph_state_drops_the_plans_made_on_the_old_one(dsa_server, hooked, spies):

@@ -1,0 +1,213 @@
+"""The metadata glue: every DSA runner's replay prep through SGLang's ``MetadataGlueGraph``.
+
+SGLang's DSA backends built and captured as a server does (``dsa_serving.Arm``: the target verify
+through SGLang's ``DecodeCudaGraphRunner`` replay prep, the draft extend and the MTP draft decode
+as their runners hand the prep), the plugin applied by SGLang's loader; off a GPU the glue's CUDA
+graphs are simulated (``dsa_backends.cpu_glue_graphs``: a capture records the prep calls, a replay
+makes them again with the capture's arguments). The serving loop (``test_serving_loop.py``) proves
+the glue bit for bit over many rounds; these tests pin down when it engages, what it counts and
+what happens when it cannot.
+"""
+
+import logging
+
+import pytest
+import torch
+
+from support.sglang_stubs import install_native_stubs
+
+install_native_stubs()
+
+from support.sglang_import import require_sglang
+
+require_sglang()
+
+from sglang_dsa_mtp.integration import dsa_metadata_glue as glue
+from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, RunnerState, peek
+from support import dsa_backends as kit
+from support import dsa_serving, serving_loop
+from support.constants import POISON
+
+LAUNCH = "3/1/4"
+TOKENS = kit.LAUNCHES[LAUNCH][2]
+
+
+@pytest.fixture
+def arms(hooked):
+    """``arms(on_env)``: (plugin arm with ``on_env``, SGLang's arm), captured at max bs 3 over one
+    ``req_to_token``; the captured batch sizes as ``arms.captured``."""
+    kit.cuda_stand_ins(hooked)
+    sizes = dsa_serving.cpu_sizes(3)
+    gen = torch.Generator().manual_seed(0)
+    req_to_token = torch.zeros(sizes.pool, sizes.context + 4 + TOKENS, dtype=torch.int32)
+    req_to_token[1:].random_(0, 1 << 30, generator=gen)
+
+    def build(on_env=dsa_serving.ON):
+        with dsa_serving.launch(LAUNCH, sizes) as (_, captured):
+            built = []
+            for label, env, kernels in (
+                ("on", on_env, None),
+                ("off", dsa_serving.OFF, dsa_serving.sglang_metadata_kernels(sizes.device)),
+            ):
+                arm = dsa_serving.Arm(
+                    label,
+                    env,
+                    sizes=sizes,
+                    tokens=TOKENS,
+                    req_to_token=req_to_token,
+                    seeded=False,
+                    kernels=kernels,
+                )
+                arm.capture(captured)
+                built.append(arm)
+        build.captured = captured
+        return built
+
+    return build
+
+
+def replay_both(on, off, op: str, lengths: list[int], slots: list[int], bs: int) -> list[str]:
+    """One replay of ``op`` at the captured ``bs`` on both arms (``len(lengths)`` requests, padded to
+    ``bs``), every written buffer poisoned first; the buffers the graphs read that differ."""
+    device = torch.device("cpu")
+    if op == "draft extend":
+        lengths = [n + TOKENS for n in lengths]
+    accepted = torch.ones(len(slots), dtype=torch.int32) if op == "draft extend" else None
+    for arm in (on, off):
+        arm.runners[op].poison(bs, POISON)
+        arm.replay(
+            op,
+            bs,
+            dsa_serving.request_tensor(lengths, device),
+            dsa_serving.request_tensor(slots, device),
+            accepted,
+        )
+    found = dsa_serving.differences(on.runners[op], off.runners[op], bs)
+    return [name for name, differs in found if bool(differs)]
+
+
+ROUNDS = (([5, 9, 40], [1, 2, 3], 3), ([77, 3], [4, 1], 3), ([12], [2], 1), ([128, 64], [3, 5], 2))
+
+
+def test_every_runner_glues_every_captured_bs_at_capture_and_replays_padded_and_unpadded(arms):
+    on, off = arms()
+    assert serving_loop._captured_every_bs(on, arms.captured) == [True, True, True]
+    assert serving_loop._captured_every_bs(off, arms.captured) == [False, False, False]
+    for lengths, slots, bs in ROUNDS:
+        for op in dsa_serving.OPS:
+            assert replay_both(on, off, op, lengths, slots, bs) == [], (op, lengths, bs)
+    for op, (graph, counts) in serving_loop.arm_glues(on).items():
+        assert graph.replays == len(ROUNDS), op
+        assert counts.routed == len(ROUNDS) and not counts.eager, (op, counts)
+    runner = on.runners["target verify"].decode_runner
+    assert runner._metadata_glue is glue.backend_glue(on.target), "the backend's glue, installed"
+    assert glue.glue_counts(runner, RunnerState).padded == 1  # bs 3 from 2 requests
+    assert glue.glue_counts(on.multi, MultiStepState).padded == 1
+    for op, (graph, counts) in serving_loop.arm_glues(off).items():
+        assert graph is None, op
+
+
+def test_a_glued_replay_runs_no_prep_on_the_host(arms, hooked):
+    """After capture, a replay of a captured key is one graph replay: the DSA prep's Python (its
+    ``_apply_cuda_graph_metadata``) runs in none, only in the eager arm (the simulated graphs'
+    replays, which make the captured calls again off a GPU, made to do nothing here)."""
+    on, off = arms()
+    hooked.setattr(kit._CpuGraph, "replay", lambda self: None)
+    import sglang.srt.layers.attention.dsa_backend as dsa_backend
+
+    ran = []
+    apply = dsa_backend.DeepseekSparseAttnBackend._apply_cuda_graph_metadata
+
+    def counted(self, *args, **kwargs):
+        ran.append(self)
+        return apply(self, *args, **kwargs)
+
+    hooked.setattr(dsa_backend.DeepseekSparseAttnBackend, "_apply_cuda_graph_metadata", counted)
+    for op in dsa_serving.OPS:
+        on.replay(op, 2, *(dsa_serving.request_tensor(v, "cpu") for v in ([9, 9], [1, 2])))
+    assert not [b for b in ran if b in on.backends().values()]
+
+
+def test_the_switch_off_keeps_every_prep_eager_and_says_so(arms, caplog):
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        on, off = arms({**dsa_serving.ON, dsa_serving.GLUE_ENV: "0"})
+        for lengths, slots, bs in ROUNDS[:2]:
+            for op in dsa_serving.OPS:
+                assert replay_both(on, off, op, lengths, slots, bs) == []
+    assert [graph for graph, _ in serving_loop.arm_glues(on).values()] == [None] * 3
+    off_lines = [r.getMessage() for r in caplog.records if "metadata_glue off" in r.getMessage()]
+    assert any("SGLANG_DSA_METADATA_GLUE=0" in line for line in off_lines), off_lines
+    assert peek(on.extend, BackendState).glue.reason == "SGLANG_DSA_METADATA_GLUE=0"
+
+
+def test_a_capture_that_raises_turns_that_glue_off_and_the_prep_stays_right(arms, hooked, caplog):
+    """SGLang's class turns a glue off when its capture raises (and runs that prep eagerly): the
+    runner's replays stay eager and bit-identical, counted as eager with the reason."""
+
+    def failing(graph, **options):
+        raise RuntimeError("capture refused")
+
+    hooked.setattr(torch.cuda, "graph", failing)
+    on, off = arms()
+    for lengths, slots, bs in ROUNDS:
+        for op in dsa_serving.OPS:
+            assert replay_both(on, off, op, lengths, slots, bs) == [], (op, bs)
+    for op, (graph, counts) in serving_loop.arm_glues(on).items():
+        assert graph.disabled and graph.replays == 0, op
+        assert counts.eager == {glue.OFF: len(ROUNDS)}, (op, counts)
+
+
+def test_an_error_at_the_runner_hook_site_sends_that_runner_to_the_eager_prep(arms, hooked, caplog):
+    on, off = arms()
+    from sglang_dsa_mtp import sglang_surface
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted")
+
+    hooked.setattr(sglang_surface, "glued_replay_prep", broken)
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        for lengths, slots, bs in ROUNDS:
+            assert replay_both(on, off, "target verify", lengths, slots, bs) == []
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len([e for e in errors if "metadata glue is off" in e]) == 1, errors
+    state = peek(on.runners["target verify"].decode_runner, RunnerState).glue
+    assert state.reason == "raised RuntimeError: planted"
+
+
+def test_the_draft_extend_keeps_its_prep_eager_where_it_reads_the_rounds_accept_lengths(
+    hooked,
+):
+    """At ``dsa_index_kpool`` > 1 the draft-extend prep reads the round's ``num_accept_tokens``
+    (an unpadded replay's own tensor): no glue, with that reason."""
+    from support.dsa_backends import CpuDsaServer
+
+    server = CpuDsaServer(hooked, kpool=2)
+    try:
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        backend = server.draft_extend(2)
+        server.capture(backend, ForwardMode.DRAFT_EXTEND_V2, [1, 2])
+        assert "dsa_index_kpool is 2" in peek(backend, BackendState).glue.reason
+    finally:
+        server.close()
+
+
+def test_the_decode_runner_declines_a_backend_that_is_not_dsas(hooked):
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    seq_lens, slots = torch.ones(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+    runner = dsa_serving.decode_runner(
+        SimpleNamespace(),
+        ForwardMode.DECODE,
+        seq_lens=seq_lens,
+        req_pool_indices=slots,
+        max_tokens=2,
+    )
+    ran = []
+    hooked.setattr(runner, "_init_replay_attn_metadata_from_view", lambda *a, **k: ran.append(k))
+    dsa_serving.replay_prep(runner, raw_bs=1, bs=2, num_tokens=2)
+    reason = peek(runner, RunnerState).glue.reason
+    assert reason == "its attention backend is SimpleNamespace, not DSA's"
+    assert runner._metadata_glue is None and ran[0]["glue_key"] is None

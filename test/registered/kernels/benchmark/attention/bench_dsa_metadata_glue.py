@@ -1,0 +1,386 @@
+"""The metadata glue on SGLang's DSA backends under CUDA graphs: each runner's whole replay prep, host
+and device time, for SGLang's eager prep, the plugin's eager prep and the plugin's glued prep, beside
+one graph replay; what the glue graphs keep after capture; what each key's capture costs.
+
+Reproduces the tables "Metadata glue" of docs/results.md on the GPU at hand. Everything runs SGLang
+0.5.23's own classes (``support.dsa_serving``: the target verify through SGLang's
+``DecodeCudaGraphRunner`` replay prep, the draft extend and the MTP draft decode as their runners
+hand the prep; the stand-ins it names for DeepGEMM's schedule, SGLang's JIT top-k plan and FlashMLA's
+metadata, which a CUDA machine without SGLang's native packages lacks: torch functions, a few
+launches each, where the real ones are one launch each). Three arms of one server (--launch, seeded
+draft steps, --max-bs, a 1M context): ``stock`` (every kill switch off), ``eager``
+(``SGLANG_DSA_METADATA_GLUE=0``), ``glued`` (the plugin's defaults).
+
+* Host time: per op and live batch size (--bs; a live size below its captured bs replays padded),
+  every request at --live tokens; one untimed call, then --calls calls per arm, the arms in turn,
+  the queue drained before each; the median host time of the runner's prep call alone. The floor:
+  the median host time of one ``CUDAGraph.replay()`` of a one-kernel graph, timed in the same run.
+  Per EAGLE round: the three ops' sum.
+* Device time: the same calls between two CUDA events (the queue drained first): for the eager
+  arms the span of the prep's launches, for the glued arm the graph's.
+* Memory: per --memory-max-bs, the eager and glued arms each built alone: ``memory_allocated`` and
+  ``memory_reserved`` after every batch size's capture, beyond what they were before the arm was
+  built, and the bytes of the CUDA caching allocator's segments in pools that are neither the
+  default pool nor the arm's model-graph pool (the glue graphs' own).
+* Capture: the time each key's glue capture took at the server's capture (its two eager warm-ups
+  and its capture, the queue drained), per runner: median and total.
+
+    python test/registered/kernels/benchmark/attention/bench_dsa_metadata_glue.py --json glue.json
+    python test/registered/kernels/benchmark/attention/bench_dsa_metadata_glue.py --dry-run  # CPU
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# test/ on the path: the test support (``support``)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
+import statistics
+import time
+
+from sglang_dsa_mtp.devices import select_device
+
+DEVICE = select_device()  # before any kernel module is imported (sets TRITON_INTERPRET on a CPU)
+
+import torch  # noqa: E402
+
+from support.bench_cli import (  # noqa: E402
+    benchmark_parser,
+    markdown_header,
+    markdown_row,
+    write_json,
+)
+
+LAUNCH_NAMES = ("3/1/4", "4/1/5", "5/1/6")
+ARMS = ("stock", "eager", "glued")
+MB = 1e6
+DRY_RUN = dict(max_bs=5, bs=[1, 3, 5], memory_max_bs=[3], calls=2)
+
+
+def build_parser():
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--launch", default="4/1/5", choices=LAUNCH_NAMES, help="EAGLE launch")
+    parser.add_argument("--max-bs", type=int, default=48, help="--cuda-graph-max-bs-decode")
+    parser.add_argument(
+        "--bs", nargs="+", type=int, default=[1, 4, 9, 16, 33, 48], help="live batch sizes"
+    )
+    parser.add_argument("--live", type=int, default=1024, help="tokens of every request")
+    parser.add_argument("--calls", type=int, default=50, help="timed calls per op, bs, arm")
+    parser.add_argument(
+        "--memory-max-bs", nargs="+", type=int, default=[48, 256], help="max bs of the memory"
+    )
+    parser.add_argument("--json", help="write every measurement here")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help=f"on the CPU through Triton's interpreter (graphs simulated), no figures: {DRY_RUN}",
+    )
+    return parser
+
+
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def cell(value, fmt="{:,.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def arm_env(label: str) -> dict:
+    from support import dsa_serving
+
+    return {
+        "stock": dsa_serving.OFF,
+        "eager": {**dsa_serving.ON, dsa_serving.GLUE_ENV: "0"},
+        "glued": dsa_serving.ON,
+    }[label]
+
+
+def build_arm(label: str, name: str, sizes, captured, req_to_token, *, reader=True):
+    from support import dsa_serving
+    from support.dsa_backends import LAUNCHES
+
+    kernels = dsa_serving.sglang_metadata_kernels(sizes.device) if label == "stock" else None
+    arm = dsa_serving.Arm(
+        label,
+        arm_env(label),
+        sizes=sizes,
+        tokens=LAUNCHES[name][2],
+        req_to_token=req_to_token,
+        seeded=True,
+        kernels=kernels,
+        reader=reader,
+    )
+    arm.capture(captured)
+    return arm
+
+
+def new_req_to_token(sizes, tokens: int) -> torch.Tensor:
+    table = torch.zeros(
+        sizes.pool, sizes.context + 4 + tokens, dtype=torch.int32, device=sizes.device
+    )
+    table[1:].random_(0, 1 << 30)
+    return table
+
+
+def replay_floor_us(calls: int) -> float | None:
+    """The median host time of one ``CUDAGraph.replay()`` of a one-kernel graph."""
+    if DEVICE.type != "cuda":
+        return None
+    x = torch.zeros(1, device=DEVICE)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        x.add_(1)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        x.add_(1)
+    samples = []
+    for _ in range(calls):
+        sync()
+        start = time.perf_counter()
+        graph.replay()
+        samples.append((time.perf_counter() - start) * 1e6)
+    sync()
+    return statistics.median(samples)
+
+
+def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, live: int):
+    """Per op and live bs: each arm's median host and device microseconds of the runner's prep."""
+    from support import dsa_serving
+
+    rows = []
+    context = next(iter(arms.values())).sizes.context
+    for op in dsa_serving.OPS:
+        for raw in batch_sizes:
+            bs = min(b for b in captured if b >= raw)
+            lengths = [min(live, context)] * raw
+            if op == "draft extend":
+                lengths = [n + tokens for n in lengths]
+            seq_lens = dsa_serving.request_tensor(lengths, DEVICE)
+            slots = dsa_serving.request_tensor(range(1, raw + 1), DEVICE)
+            extra = torch.ones(raw, dtype=torch.int32, device=DEVICE)
+            extra = extra if op == "draft extend" else None
+            host = {label: [] for label in arms}
+            device = {label: [] for label in arms}
+            for label, arm in arms.items():
+                arm.replay(op, bs, seq_lens, slots, extra)
+            for _ in range(calls):
+                for label, arm in arms.items():
+                    sync()
+                    if DEVICE.type == "cuda":
+                        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+                        start.record()
+                    host[label].append(arm.replay(op, bs, seq_lens, slots, extra))
+                    if DEVICE.type == "cuda":
+                        end.record()
+                        end.synchronize()
+                        device[label].append(start.elapsed_time(end) * 1e3)
+            row = dict(op=op, raw_bs=raw, bs=bs)
+            for label in arms:
+                row[f"{label}_host_us"] = statistics.median(host[label])
+                row[f"{label}_device_us"] = (
+                    statistics.median(device[label]) if device[label] else None
+                )
+            rows.append(row)
+    return rows
+
+
+def glue_pool_bytes(arm) -> int | None:
+    """Bytes of the caching allocator's segments in pools other than the default pool and the
+    arm's model-graph pool: the glue graphs' private pools."""
+    if DEVICE.type != "cuda":
+        return None
+    ours = {(0, 0), tuple(arm.graphs.pool)}
+    return sum(
+        segment["total_size"]
+        for segment in torch.cuda.memory_snapshot()
+        if tuple(segment.get("segment_pool_id", (0, 0))) not in ours
+    )
+
+
+def measure_memory(name: str, sizes, captured) -> dict:
+    """The eager and glued arms, each built alone: bytes beyond what the process held before."""
+    import gc
+
+    from support.dsa_backends import LAUNCHES
+
+    out = {}
+    for label in ("eager", "glued"):
+        gc.collect()
+        if DEVICE.type == "cuda":
+            torch.cuda.empty_cache()
+            sync()
+        allocated = torch.cuda.memory_allocated() if DEVICE.type == "cuda" else 0
+        reserved = torch.cuda.memory_reserved() if DEVICE.type == "cuda" else 0
+        table = new_req_to_token(sizes, LAUNCHES[name][2])
+        arm = build_arm(label, name, sizes, captured, table, reader=False)
+        sync()
+        figures = dict(keys=len(captured) * 3, glue_pools=glue_pool_bytes(arm))
+        if DEVICE.type == "cuda":
+            figures["allocated"] = torch.cuda.memory_allocated() - allocated
+            figures["reserved"] = torch.cuda.memory_reserved() - reserved
+        out[label] = figures
+        del arm, table
+    return out
+
+
+def timed_captures(monkeypatch) -> dict:
+    """Wall time of every glue capture at the server's capture (the queue drained around each),
+    per key, by the runner's role."""
+    from sglang_dsa_mtp.integration import dsa_metadata_glue as glue
+
+    times: dict[str, list[float]] = {}
+    capture_key = glue._capture_key
+
+    def timed(graph, prep, forward_batch, key):
+        sync()
+        start = time.perf_counter()
+        capture_key(graph, prep, forward_batch, key)
+        sync()
+        mode = forward_batch.forward_mode.name.lower().replace("_", " ")
+        role = "draft decode" if len(key) == 1 else mode
+        times.setdefault(role, []).append((time.perf_counter() - start) * 1e6)
+
+    monkeypatch.setattr(glue, "_capture_key", timed)
+    return times
+
+
+def print_prep(rows: list[dict], floor: float | None) -> None:
+    print(f"## Replay prep per runner (one graph replay: {cell(floor)} us host)\n")
+    header = ["op", "live bs", "captured bs"]
+    header += [f"{label} host us" for label in ARMS] + [f"{label} device us" for label in ARMS]
+    header += ["glued / one graph replay"]
+    print(markdown_header(header))
+    for row in rows:
+        glued = row["glued_host_us"]
+        print(
+            markdown_row(
+                [row["op"], str(row["raw_bs"]), str(row["bs"])]
+                + [cell(row[f"{label}_host_us"]) for label in ARMS]
+                + [cell(row[f"{label}_device_us"]) for label in ARMS]
+                + [cell(None if floor is None else glued / floor, "{:.2f}")]
+            )
+        )
+    print("\n## Per EAGLE round (draft decode + target verify + draft extend), host us\n")
+    print(markdown_header(["live bs", *ARMS, "saved vs eager", "saved vs stock"]))
+    for raw in sorted({row["raw_bs"] for row in rows}):
+        sums = {
+            label: sum(r[f"{label}_host_us"] for r in rows if r["raw_bs"] == raw) for label in ARMS
+        }
+        print(
+            markdown_row(
+                [str(raw)]
+                + [cell(sums[label]) for label in ARMS]
+                + [cell(sums["eager"] - sums["glued"]), cell(sums["stock"] - sums["glued"])]
+            )
+        )
+    print()
+
+
+def print_memory(records: list[dict]) -> None:
+    print("## Memory after capture, beyond the process before the arm (MB)\n")
+    header = ["max bs", "glue keys", "arm", "allocated", "reserved", "glue graph pools"]
+    print(markdown_header(header))
+    for record in records:
+        for label in ("eager", "glued"):
+            f = record["arms"][label]
+            print(
+                markdown_row(
+                    [
+                        str(record["max_bs"]),
+                        str(f["keys"]),
+                        label,
+                        cell(None if "allocated" not in f else f["allocated"] / MB, "{:,.3f}"),
+                        cell(None if "reserved" not in f else f["reserved"] / MB, "{:,.3f}"),
+                        cell(None if f["glue_pools"] is None else f["glue_pools"] / MB, "{:,.3f}"),
+                    ]
+                )
+            )
+    print()
+
+
+def print_captures(times: dict) -> None:
+    print("## Glue capture per key at the server's capture (us)\n")
+    print(markdown_header(["runner", "keys", "median", "total (ms)"]))
+    for role, samples in sorted(times.items()):
+        print(
+            markdown_row(
+                [
+                    role,
+                    str(len(samples)),
+                    cell(statistics.median(samples)),
+                    cell(sum(samples) / 1e3, "{:,.2f}"),
+                ]
+            )
+        )
+    print()
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.dry_run:
+        args.max_bs, args.bs = DRY_RUN["max_bs"], DRY_RUN["bs"]
+        args.memory_max_bs, args.calls = DRY_RUN["memory_max_bs"], DRY_RUN["calls"]
+    elif DEVICE.type != "cuda":
+        print("bench_dsa_metadata_glue needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
+    import dataclasses
+
+    import pytest
+    import triton
+
+    from support import dsa_serving
+    from support.dsa_backends import LAUNCHES
+    from support.sglang_import import sglang_version
+
+    def sizes_for(max_bs: int):
+        if args.dry_run:
+            return dsa_serving.cpu_sizes(max_bs)
+        return dataclasses.replace(dsa_serving.GPU_SIZES, max_bs=max_bs, pool=2 * max_bs + 1)
+
+    if args.dry_run:
+        where = "the CPU (dry run: Triton's interpreter, graphs simulated, no figures)"
+    else:
+        props = torch.cuda.get_device_properties(0)
+        where = f"{torch.cuda.get_device_name()}, {props.multi_processor_count} SMs"
+    print(
+        f"# {where}; torch {torch.__version__}, triton {triton.__version__}, "
+        f"SGLang {sglang_version()}\n"
+    )
+    record = dict(device=where, torch=torch.__version__, triton=triton.__version__)
+    record.update(settings=vars(args))
+    tokens = LAUNCHES[args.launch][2]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        dsa_serving.prepare(monkeypatch, DEVICE)
+        captures = timed_captures(monkeypatch)
+        sizes = sizes_for(args.max_bs)
+        with dsa_serving.launch(args.launch, sizes) as (_, captured):
+            table = new_req_to_token(sizes, tokens)
+            arms = {label: build_arm(label, args.launch, sizes, captured, table) for label in ARMS}
+            batch_sizes = [bs for bs in args.bs if bs <= max(captured)]
+            rows = measure_prep(arms, captured, tokens, batch_sizes, args.calls, args.live)
+            floor = replay_floor_us(args.calls)
+            record.update(prep=rows, graph_replay_us=floor, captures=dict(captures))
+            del arms, table
+        print_prep(rows, floor)
+        print_captures(captures)
+        memory = []
+        for max_bs in args.memory_max_bs:
+            sizes = sizes_for(max_bs)
+            with dsa_serving.launch(args.launch, sizes) as (_, captured):
+                memory.append(
+                    dict(max_bs=max_bs, arms=measure_memory(args.launch, sizes, captured))
+                )
+        print_memory(memory)
+        record["memory"] = memory
+    if args.json:
+        write_json(args.json, record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,18 +21,20 @@ ACCEPTED = "true/1/yes/y or false/0/no/n (any case)"
 
 @dataclass(frozen=True)
 class KillSwitch:
-    """One default-on feature switch; ``state()`` re-reads the environment on every call."""
+    """One feature switch, on by default unless ``default`` says otherwise (a feature whose proof is
+    not complete is opt-in); ``state()`` re-reads the environment on every call."""
 
     feature: str
     env: str
     description: str
+    default: bool = True
 
     @property
     def field(self) -> EnvBool:
         """The switch as an SGLang ``EnvBool``, also reachable as ``envs.<env>``."""
         field = getattr(Envs, self.env, None)
         if field is None:
-            field = EnvBool(True)
+            field = EnvBool(self.default)
             field.name = self.env
             setattr(Envs, self.env, field)
         return field
@@ -50,12 +52,14 @@ class KillSwitch:
         return None if raw is None else self._parse(raw)[1]
 
     def state(self) -> tuple[bool, str]:
-        """(enabled, why): unset -> on; parsable -> its value; unparsable -> off, logged as an error
-        the first time (the one message naming the value and the accepted ones; ``why`` points to
-        it)."""
+        """(enabled, why): unset -> its default; parsable -> its value; unparsable -> off, logged as
+        an error the first time (the one message naming the value and the accepted ones; ``why``
+        points to it)."""
         raw = os.environ.get(self.env)
         if raw is None:
-            return True, "default on"
+            if self.default:
+                return True, "default on"
+            return False, f"default off ({self.env}=1 turns it on)"
         value, error = self._parse(raw)
         if error is None:
             return value, f"{self.env}={raw}"
@@ -98,6 +102,8 @@ METADATA_GLUE = KillSwitch(
     env="SGLANG_DSA_METADATA_GLUE",
     description="every DSA graph runner's replay prep, padded replays too, through SGLang's "
     "MetadataGlueGraph: one graph launch per replay",
+    # Opt-in: each key's glue graph keeps a private memory pool (docs/switches.md, "Metadata glue").
+    default=False,
 )
 LIVE_WIDTH = KillSwitch(
     feature="live_width",

@@ -136,7 +136,29 @@ def test_the_sglang_plugins_whitelist_can_leave_the_plugin_out(fresh_plugin):
 
 
 @pytest.mark.quick
+def every_switch_on(monkeypatch) -> None:
+    """The opt-in switches set on too: the server that runs every change."""
+    for switch in SWITCHES:
+        if not switch.default:
+            monkeypatch.setenv(switch.env, "1")
+
+
+def test_an_opt_in_feature_registers_nothing_by_default(fresh_plugin):
+    plugin.register()
+    opt_in = [switch for switch in SWITCHES if not switch.default]
+    default_on = {row.target for s in SWITCHES if s.default for row in hooks.rows_of(s)}
+    assert opt_in
+    for switch in opt_in:
+        own = {row.target for row in hooks.rows_of(switch)} - default_on
+        assert own and not own & set(registered()), switch.feature
+        assert plugin.feature_status()[switch.feature] == (
+            False,
+            f"default off ({switch.env}=1 turns it on)",
+        )
+
+
 def test_the_shipped_table_resolves_completely(fresh_plugin, caplog):
+    every_switch_on(fresh_plugin)
     plugin.register()
     assert plugin_warnings(caplog) == []
     assert len(registered()) == len({row.target for row in hooks.HOOKS})
@@ -239,6 +261,7 @@ def test_a_shadowing_attribute_whose_definition_moved_disables_its_feature(
 
 
 def test_a_feature_without_hook_rows_is_off_as_not_yet_implemented(fresh_plugin):
+    every_switch_on(fresh_plugin)
     use_hooks(fresh_plugin)
     plugin.register()
     assert plugin.feature_status() == {
@@ -464,6 +487,7 @@ def test_sglang_applies_the_shipped_table_without_a_multiple_hooks_warning(
 ):
     """SGLang's loader warns "Multiple AROUND hooks" when two hooks wrap one target."""
     fresh_plugin.setenv("SGLANG_PLUGINS", ENTRY_POINT)
+    every_switch_on(fresh_plugin)
     with caplog.at_level(logging.DEBUG):
         sglang.srt.plugins.load_plugins()
     assert all(switch.enabled() for switch in SWITCHES)

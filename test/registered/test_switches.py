@@ -1,4 +1,4 @@
-"""Kill switches: default on, SGLang's EnvBool words, and an unparsable value turns the feature off."""
+"""Kill switches: their defaults (on, the metadata glue opt-in), SGLang's EnvBool words, and an unparsable value turns the feature off."""
 
 import logging
 
@@ -40,6 +40,7 @@ def test_the_two_spec_switches_and_the_three_beyond_it():
 @pytest.mark.parametrize("switch", SWITCH_PARAMS)
 def test_the_gate_asks_the_switch_first_then_the_platform(switch, fresh_switches, monkeypatch):
     monkeypatch.setattr(devices, "cuda_blocker", lambda: "not a CUDA platform (test)")
+    monkeypatch.setenv(switch.env, "1")
     assert switch.blocker() == "not a CUDA platform (test)"
     monkeypatch.setenv(switch.env, "0")
     assert switch.blocker() == f"{switch.env}=0"
@@ -49,8 +50,15 @@ def test_the_gate_asks_the_switch_first_then_the_platform(switch, fresh_switches
 
 
 @pytest.mark.parametrize("switch", SWITCH_PARAMS)
-def test_an_unset_switch_is_on(switch, fresh_switches):
-    assert switch.state() == (True, "default on")
+def test_an_unset_switch_takes_its_default(switch, fresh_switches):
+    if switch.default:
+        assert switch.state() == (True, "default on")
+    else:
+        assert switch.state() == (False, f"default off ({switch.env}=1 turns it on)")
+
+
+def test_only_the_metadata_glue_is_opt_in():
+    assert [switch for switch in SWITCHES if not switch.default] == [METADATA_GLUE]
 
 
 @pytest.mark.parametrize("switch", SWITCH_PARAMS)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import dataclasses
 from types import SimpleNamespace
 
@@ -195,7 +196,10 @@ class StandIns:
         rows = torch.arange(lens.numel(), dtype=torch.int64, device=lens.device)
         body = torch.stack([lens, rows, lens % 7, (lens > 64).long()], 1)
         tail = torch.zeros(1, 4, dtype=torch.int64, device=lens.device)
-        tail[0, 0], tail[0, 1] = lens.sum(), lens.numel()  # no host sync: SGLang replays run here
+        tail[0, 0] = (
+            lens.sum()
+        )  # device work only: SGLang's replays, and a glue's capture, run here
+        tail[0, 1].fill_(lens.numel())
         plan = torch.cat([body, tail]).int()
         return plan if out is None else out.copy_(plan)
 
@@ -346,13 +350,21 @@ def load_plugin(monkeypatch) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     from sglang_dsa_mtp import plugin
+    from sglang_dsa_mtp.switches import SWITCHES
 
     monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
     monkeypatch.setattr(HookRegistry, "_patched", set())
     monkeypatch.setattr(sglang.srt.plugins, "_plugins_loaded", False)
     monkeypatch.setattr(plugin, "_status", None)
     monkeypatch.setenv("SGLANG_PLUGINS", plugin.ENTRY_POINT)
+    # Registered as a server that opts in to the default-off switches registers, so that a test
+    # may turn them on; they stay at their defaults while it runs unless it sets them.
+    opt_in = [s.env for s in SWITCHES if not s.default and s.env not in os.environ]
+    for env in opt_in:
+        monkeypatch.setenv(env, "1")
     sglang.srt.plugins.load_plugins()
+    for env in opt_in:
+        monkeypatch.delenv(env)
     set_platform(monkeypatch, cuda=True, hip=False)
 
 

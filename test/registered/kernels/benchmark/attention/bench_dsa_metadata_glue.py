@@ -14,8 +14,9 @@ draft steps, --max-bs, a 1M context): ``stock`` (every kill switch off), ``eager
 * Host time: per op and live batch size (--bs; a live size below its captured bs replays padded),
   every request at --live tokens; one untimed call, then --calls calls per arm, the arms in turn,
   the queue drained before each; the median host time of the runner's prep call alone. The floor:
-  the median host time of one ``CUDAGraph.replay()`` of a one-kernel graph, timed in the same run.
-  Per EAGLE round: the three ops' sum.
+  the median host time of one ``CUDAGraph.replay()`` of a one-kernel graph, timed in the same run;
+  beside it each glue graph replayed alone (with the stand-ins' launches in it: a real server's
+  graph holds one launch where a stand-in makes several). Per EAGLE round: the three ops' sum.
 * Device time: the same calls between two CUDA events (the queue drained first): for the eager
   arms the span of the prep's launches, for the glued arm the graph's.
 * Memory: per --memory-max-bs, the eager and glued arms each built alone: ``memory_allocated`` and
@@ -179,7 +180,7 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
                         end.record()
                         end.synchronize()
                         device[label].append(start.elapsed_time(end) * 1e3)
-            row = dict(op=op, raw_bs=raw, bs=bs)
+            row = dict(op=op, raw_bs=raw, bs=bs, graph_us=glue_graph_replay_us(arms, op, bs, calls))
             for label in arms:
                 row[f"{label}_host_us"] = statistics.median(host[label])
                 row[f"{label}_device_us"] = (
@@ -187,6 +188,30 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
                 )
             rows.append(row)
     return rows
+
+
+def glue_graph_replay_us(arms: dict, op: str, bs: int, calls: int) -> float | None:
+    """The median host time of the glued arm's glue graph of (``op``, ``bs``) replayed alone
+    (``CUDAGraph.replay()``): what the graph costs, the Python around it not included."""
+    if DEVICE.type != "cuda" or "glued" not in arms:
+        return None
+    from sglang_dsa_mtp.integration.dsa_metadata_glue import glue_key
+    from support import serving_loop
+
+    arm = arms["glued"]
+    glue = serving_loop.arm_glues(arm)[op][0]
+    key = (bs,) if op == "draft decode" else glue_key(bs, arm.runners[op].mode)
+    state = None if glue is None else glue._states.get(key)  # SGLang's per-key record
+    if state is None or state["graph"] is None:
+        return None
+    samples = []
+    for _ in range(calls):
+        sync()
+        start = time.perf_counter()
+        state["graph"].replay()
+        samples.append((time.perf_counter() - start) * 1e6)
+    sync()
+    return statistics.median(samples)
 
 
 def glue_pool_bytes(arm) -> int | None:
@@ -252,8 +277,8 @@ def timed_captures(monkeypatch) -> dict:
 def print_prep(rows: list[dict], floor: float | None) -> None:
     print(f"## Replay prep per runner (one graph replay: {cell(floor)} us host)\n")
     header = ["op", "live bs", "captured bs"]
-    header += [f"{label} host us" for label in ARMS] + [f"{label} device us" for label in ARMS]
-    header += ["glued / one graph replay"]
+    header += [f"{label} host us" for label in ARMS] + ["glue graph alone host us"]
+    header += [f"{label} device us" for label in ARMS] + ["glued / one graph replay"]
     print(markdown_header(header))
     for row in rows:
         glued = row["glued_host_us"]
@@ -261,6 +286,7 @@ def print_prep(rows: list[dict], floor: float | None) -> None:
             markdown_row(
                 [row["op"], str(row["raw_bs"]), str(row["bs"])]
                 + [cell(row[f"{label}_host_us"]) for label in ARMS]
+                + [cell(row["graph_us"])]
                 + [cell(row[f"{label}_device_us"]) for label in ARMS]
                 + [cell(None if floor is None else glued / floor, "{:.2f}")]
             )

@@ -30,6 +30,7 @@ from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.integration.state import DraftDecodeBs, MultiStepState, peek, state_of
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     MAX_DESTINATIONS,
+    ONE_LAUNCH_BINDER,
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
 )
@@ -228,8 +229,8 @@ def _warm_up_one_launch(multi, state, forward_batch, plan: DraftDecodeBs, bs: in
     )
     try:
         warm_up(fused_dsa_draft_decode_metadata_multi, **kwargs)
-        plan.bound, why = fused_dsa_draft_decode_metadata_multi.binder.bind(**kwargs)
-        log_launcher("MTP one launch", plan.bound, why)
+        plan.bound, why = ONE_LAUNCH_BINDER.bind(**kwargs)
+        log_launcher(ONE_LAUNCH_BINDER.what, why)
     except Exception as exc:
         _give_up(multi, state, plan, bs, exc, "its warm-up")
 

@@ -77,7 +77,7 @@ class Fallback:
             binder = getattr(self.ours, "binder", None)
             if binder is not None and binder.wrapper is self.ours:
                 bound, why = binder.bind(**kwargs)
-                log_launcher(self.what, bound, why)
+                log_launcher(self.what, why)
                 if bound is not None:
                     self.bound[bs] = bound
         except Exception as exc:  # never take the capture down: SGLang's kernel takes this bs
@@ -106,12 +106,11 @@ class Fallback:
         )
 
 
-def log_launcher(what: str, bound: BoundLaunch | None, why: str) -> None:
-    """Which launcher the launches of ``what`` were bound to at capture, and why: once per op and
-    outcome (INFO; WARNING where no launcher was bound and the wrapper takes every call)."""
-    level = logging.INFO if bound is not None else logging.WARNING
+def log_launcher(what: str, why: str) -> None:
+    """Which launcher the launches of ``what`` were bound to at capture, and why (``Binder.bind``'s
+    words): at INFO, once per op and outcome."""
     log_once(
-        level,
+        logging.INFO,
         ("launcher", what, why),
         "sglang_dsa_mtp: %s launches bound at capture: %s",
         what,

@@ -35,7 +35,9 @@ WRAPPERS = {
     "draft_extend": bounded.fused_dsa_draft_extend_metadata_bounded,
 }
 OPS = list(WRAPPERS)
-TABLE = torch.randint(0, 1000, (8, 300), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
+TABLE = torch.randint(
+    0, 1000, (8, 300), dtype=torch.int32, generator=torch.Generator().manual_seed(3)
+)
 
 
 @pytest.fixture

@@ -106,7 +106,7 @@ def _one_launch(a: Mapping[str, Any]) -> Optional[Launch]:
     return decode_launch(a, width, [d._asdict() for d in destinations], tables)
 
 
-_BINDER = Binder(
+ONE_LAUNCH_BINDER = Binder(
     "MTP one launch",
     bounded_decode_metadata_kernel,
     2,

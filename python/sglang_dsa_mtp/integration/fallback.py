@@ -75,7 +75,7 @@ class Fallback:
         try:
             warm_up(self.ours, **kwargs)
             binder = getattr(self.ours, "binder", None)
-            if binder is not None and binder.wrapper is self.ours:
+            if binder is not None:
                 bound, why = binder.bind(**kwargs)
                 log_launcher(self.what, why)
                 if bound is not None:

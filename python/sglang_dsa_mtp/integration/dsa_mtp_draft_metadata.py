@@ -27,6 +27,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode, build_inne
 
 from sglang_dsa_mtp import sglang_surface
 from sglang_dsa_mtp.hooks import why_off
+from sglang_dsa_mtp.integration.fallback import log_launcher
 from sglang_dsa_mtp.integration.state import DraftDecodeBs, MultiStepState, peek, state_of
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     MAX_DESTINATIONS,
@@ -34,7 +35,6 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
 )
-from sglang_dsa_mtp.integration.fallback import log_launcher
 from sglang_dsa_mtp.kernels.ops.launch import warm_up
 from sglang_dsa_mtp.log import log_failure, log_once, logger
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA

@@ -37,16 +37,19 @@ BINDERS = tuple(wrapper.binder for wrapper, _, _ in WRAPPERS)
 
 class StandInKernel:
     """A ``@triton.jit`` kernel on the CPU as it behaves on a GPU, for the op ``what``: the JIT runs
-    it (in the interpreter); ``warmup`` returns :attr:`compiled`, one per kernel (Triton's cache
-    returns one compiled kernel per variant). Everything else is the kernel's."""
+    it (in the interpreter; nothing at all while ``runs`` is False: for timing); ``warmup`` returns
+    :attr:`compiled`, one per kernel (Triton's cache returns one compiled kernel per variant).
+    Everything else is the kernel's."""
 
     def __init__(self, kernel, what: str, launches: list | None):
         self.kernel, self.what, self.launches = kernel, what, launches
+        self.runs = True
         self.compiled = StandInCompiled(self)
 
     def __getitem__(self, grid):
         def jit(*args, **kwargs):
-            self.kernel[grid](*args, **kwargs)
+            if self.runs:
+                self.kernel[grid](*args, **kwargs)
             self.record("jit")
             return self.compiled
 
@@ -65,17 +68,17 @@ class StandInKernel:
 
 class StandInCompiled:
     """A compiled kernel's stand-in: ``compiled[grid](*values)`` runs the kernel with ``values`` by
-    parameter position (nothing at all while ``runs`` is False: for timing); its ``run`` is no CUDA
-    launcher, so no C launch is made of it."""
+    parameter position (as its :class:`StandInKernel` runs); its ``run`` is no CUDA launcher, so no
+    C launch is made of it."""
 
     function = packed_metadata = run = None
 
     def __init__(self, kernel: StandInKernel):
-        self.kernel, self.runs = kernel, True
+        self.kernel = kernel
 
     def __getitem__(self, grid):
         def runner(*values, stream=None):
-            if self.runs:
+            if self.kernel.runs:
                 self.kernel.kernel[grid](*values)
             self.kernel.record("bound")
 

@@ -15,7 +15,7 @@ and the wrapper takes the call. :func:`launch_path` says this in words. Details:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -352,11 +352,11 @@ def probe_twins(binder: Binder, kwargs, inputs: Mapping[str, torch.Tensor]) -> d
     return _map_buffers(kwargs, twin)
 
 
-def _buffers(kwargs, inputs) -> Iterator[tuple[str, torch.Tensor]]:
+def _buffers(kwargs, inputs) -> list[tuple[str, torch.Tensor]]:
     """Every output buffer of a call's ``kwargs``, by name: not an input, not ``req_to_token``."""
     found = []
     _map_buffers(kwargs, lambda name, tensor: found.append((name, tensor)) or tensor)
-    return iter([(n, t) for n, t in found if n not in inputs and n != "req_to_token"])
+    return [(n, t) for n, t in found if n not in inputs and n != "req_to_token"]
 
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:

@@ -114,6 +114,17 @@ def test_a_kernel_raising_only_at_replay_falls_back_at_that_replay(dsa_server, h
     assert len(errors) == 1 and "injected failure" in errors[0]
 
 
+def test_a_new_graph_state_drops_the_launches_bound_on_the_old_one(dsa_server, hooked):
+    """A bound launch holds the buffers of the graph state it was bound on: SGLang building the
+    graph state again drops it (each batch size is bound again at its capture)."""
+    server = dsa_server()
+    backend = build(server, hooked, "decode")
+    fallback = fallback_of(backend._fused_decode_metadata)
+    fallback.bound[2] = Bound()
+    backend.init_cuda_graph_state(FAILING_BS, FAILING_BS)
+    assert fallback.bound == {}
+
+
 @pytest.mark.quick
 def test_the_fallback_calls_sglangs_kernel_with_the_same_arguments():
     calls = []

@@ -188,9 +188,10 @@ def triton_launch(compiled, grid: tuple[int, int, int]) -> Callable[[list], None
 def c_launch(compiled, grid: tuple[int, int, int]) -> Callable[[list], None]:
     """The C function beneath Triton's CUDA launcher (``compiled.run``), called with the arguments
     that launcher's ``__call__`` gives it, without launch hooks (a call while a hook is set goes
-    through :func:`triton_launch`). Raises LookupError where the launcher is not a CUDA launcher of
-    a known layout, or allocates memory per call (scratch memory, the global sanitizer). Its layout
-    is read from Triton 3.6 and 3.8; only :func:`choose_launcher` uses it, after a probe."""
+    through :func:`triton_launch`). Raises LookupError where the launcher is not Triton's CUDA
+    launcher or allocates memory per call (scratch memory, the global sanitizer). The two layouts
+    are read from Triton 3.6 and 3.8 (told apart by the attributes 3.8 added); another release's
+    fails the probe, the only user (:func:`choose_launcher`)."""
     launcher = compiled.run
     if type(launcher).__name__ != "CudaLauncher" or not type(launcher).__module__.startswith(
         "triton.backends.nvidia."

@@ -62,9 +62,8 @@ def fresh_switches(monkeypatch):
 @pytest.fixture
 def triton_release(monkeypatch):
     """``triton_release("3.9.0")``: a fresh copy of ``kernels.ops.launch``, imported while Triton
-    reports that release, and the module in use given that copy's ``TRITON_VERSION``,
-    ``TRITON_RELEASE`` and ``DIRECT_LAUNCH`` (what it reads from the release at import), restored
-    after the test; returns the copy. The module in use is never re-imported, so every reference
+    reports that release, and the module in use given that copy's ``TRITON_VERSION`` (what it reads
+    from the release at import), restored after the test; returns the copy. The module in use is never re-imported, so every reference
     to it stays valid."""
     import importlib.util
 
@@ -79,8 +78,6 @@ def triton_release(monkeypatch):
             fresh = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(fresh)
         monkeypatch.setattr(launch, "TRITON_VERSION", fresh.TRITON_VERSION)
-        monkeypatch.setattr(launch, "DIRECT_LAUNCH", fresh.DIRECT_LAUNCH)
-        monkeypatch.setattr(launch, "TRITON_RELEASE", fresh.TRITON_RELEASE)
         return fresh
 
     return use

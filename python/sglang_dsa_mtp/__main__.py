@@ -1,7 +1,7 @@
 """``python -m sglang_dsa_mtp``: what the plugin would do on this machine, then the kernel self-checks.
 
-Prints SGLang's version, whether SGLang's plugin loader picks this package up, which launch the
-kernels' launch plans make under the installed Triton, the kill switches, whether each feature would
+Prints SGLang's version, whether SGLang's plugin loader picks this package up, how the bounded
+kernels' replays launch, the kill switches, whether each feature would
 engage here and why not, from how many running requests the live-width indexer logits engage on
 this GPU, one row per kernel self-check and a summary line. ``--no-checks`` skips the checks and
 the import of the hook targets' SGLang modules (the features then as the version, the switches and
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m sglang_dsa_mtp",
         description=(
             "What the sglang-dsa-mtp plugin would do on this machine (SGLang's version, the plugin "
-            "loader, the launch plans, the kill switches, each feature and why it would not "
+            "loader, the launches, the kill switches, each feature and why it would not "
             "engage), then each of its kernels checked against SGLang's own, bit for bit: on a "
             "CUDA GPU, with timings; otherwise on the CPU through Triton's interpreter, at small "
             "sizes."

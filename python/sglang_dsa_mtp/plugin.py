@@ -7,7 +7,7 @@ version we tested, when its kill switch is off, when any of its rows does not re
 target that is missing, an attribute SGLang already defines), or when SGLang lacks a private name it
 reads (``sglang_surface``). ``register()`` never raises into SGLang.
 Its one start-up line at INFO gives each feature's decision and, with the bounded replay metadata
-on, which launch its launch plans make under the installed Triton (``launch.launch_path``).
+on, how its replays launch (``launch.launch_path``).
 """
 
 from __future__ import annotations
@@ -223,11 +223,10 @@ def register() -> None:
 
 def _start_up_decisions(status: dict[str, FeatureStatus]) -> list[str]:
     """The parts of ``register()``'s start-up line: each feature on or off and why, then, when the
-    bounded replay metadata is on, the launch its launch plans make (the JIT path outside the
-    Triton releases whose launcher they call)."""
+    bounded replay metadata is on, how its replays launch."""
     decisions = [
         f"{feature} {'on' if s.enabled else 'off'} ({s.reason})" for feature, s in status.items()
     ]
     if status[BOUNDED_REPLAY_METADATA.feature].enabled:
-        decisions.append(f"launch plans: {launch.launch_path()}")
+        decisions.append(f"launches: {launch.launch_path()}")
     return decisions

@@ -24,10 +24,9 @@ UNRESOLVED = (
 
 
 def installation_rows(device_note: str) -> tuple[list[Row], bool]:
-    """(the SGLang, plugin loader, device and launch-plan rows, whether SGLang's loader loads this
-    plugin). The launch-plan row says which launch the bounded kernels' launch plans make under the
-    installed Triton; without CUDA there are none (nothing engages, and the interpreter compiles
-    nothing)."""
+    """(the SGLang, plugin loader, device and launches rows, whether SGLang's loader loads this
+    plugin). The launches row says how the bounded kernels' replays launch
+    (``launch.launch_path``); without CUDA none engages (and the interpreter compiles nothing)."""
     version = plugin.sglang_version()
     if version is None:
         version_note = "not installed"
@@ -36,14 +35,14 @@ def installation_rows(device_note: str) -> tuple[list[Row], bool]:
     else:
         version_note = f"{version} (NOT tested; tested: {', '.join(plugin.TESTED_SGLANG_VERSIONS)})"
     discovered, discovery_note = plugin.discovery()
-    plans = launch.launch_path()
+    launches = launch.launch_path()
     if blocker := devices.cuda_blocker():
-        plans = f"not used here, {blocker}; on CUDA: {plans}"
+        launches = f"not used here, {blocker}; on CUDA: {launches}"
     rows = [
         ("SGLang", version_note),
         ("plugin loader", ("yes: " if discovered else "NO: ") + discovery_note),
         ("device", device_note),
-        ("launch plans", plans),
+        ("launches", launches),
     ]
     return rows, discovered
 

@@ -385,15 +385,15 @@ def assert_fits(out: str) -> None:
 def test_every_status_line_fits_100_columns(
     platform, env, fresh_switches, monkeypatch, capsys, set_platform, triton_release
 ):
-    """The longest texts the status prints: a CUDA platform's live_width conditions, the JIT-path
-    launch plans, an invalid switch value, SGLang's loader leaving the plugin out."""
+    """The longest texts the status prints: a CUDA platform's live_width conditions, the
+    launches, an invalid switch value, SGLang's loader leaving the plugin out."""
     triton_release("3.9.0")
     set_platform(cuda=platform == "cuda", hip=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     main(["--no-checks"])
     out = capsys.readouterr().out
-    assert "launch plans" in out and "kill switch" in out
+    assert "launches" in out and "kill switch" in out
     assert_fits(out)
 
 

@@ -33,8 +33,8 @@ benchmark script puts it there itself, and ``test/gpu_env.sh`` for the GPU runne
 - ``verify_logits_memory``: the target model's LM head and LogitsProcessor captured as SGLang's
   target-verify runner captures them (one shared pool, its shared logits buffer), exchange off, on
   and a per-graph-shard control: the memory each keeps after capture;
-- ``launch_stubs``: plans whose launcher does nothing, for the replay-metadata wrappers on the CPU
-  (the kernel tests and the host-time profile);
+- ``launch_stubs``: stand-in compiled kernels, so that the replay-metadata wrappers' launches are
+  bound on the CPU as on a GPU (the kernel tests and the host-time profile);
 - ``compiles``: counting Triton JIT compiles (the no-compile-on-the-serving-path GPU tests);
 - ``timing``: CUDA-graph and host timing, and the floors printed beside every figure;
 - ``scripts``: loading a benchmark or e2e script as a module, its options and their help;

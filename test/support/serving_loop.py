@@ -32,8 +32,9 @@ this path and the plugin drops it. The host fields (:data:`~.dsa_serving.STATIC`
 capture. Every ``indexer_every`` rounds, SGLang's indexer (:class:`IndexerCalls`) computes a top-k
 past the SM count with the live-width switch on and off: the top-k indices must be equal.
 
-The plugin's launches are counted per replay (:class:`Calls`) where our kernels launch (their
-launch plans' JIT launches and direct launches), and SGLang's kernel behind our Fallbacks apart:
+The plugin's launches are counted per replay (:class:`Calls`) where our kernels launch (Triton's
+JIT in the wrappers, and the launches bound at capture), and SGLang's kernel behind our Fallbacks
+apart:
 ours must run in at least :data:`MIN_OURS` of each :data:`ENGAGED` op's replays, a replay without
 it only at the op's fault victim; a replay must launch no more of ours, nor of SGLang's behind our
 Fallbacks, than the Fallbacks it calls and the MTP plan send each way (``_Server.allowed``); a
@@ -42,9 +43,9 @@ batch sizes off the one launch hold exactly the injected victims. Per server and
 has the replays by batch size and the padded ones (``ServerReport.batch_sizes``, ``padded``;
 :func:`batch_size_table`). Some launches of
 :data:`SPANNING` must have more live tiles than tile programs (on the CPU, ``cpu_budget``). The
-counting leaves every call on the path a server takes: on a GPU the plan of the installed planned
-function must take every repeated launch of :data:`PLANNED` (:class:`Calls`; the CPU's
-interpreted kernels have no plans), and the MTP one launch runs the call its capture binds.
+counting leaves every call on the path a server takes: on a GPU the launch bound at capture must
+take every launch of :data:`BOUND` at a batch size no injection routes to ours (:class:`Calls`;
+the CPU's interpreted kernels are never bound).
 
 Failures injected (:class:`Injection`), each a ``RuntimeError`` with its own text, per server, at
 four distinct captured batch sizes (``_victims``): our
@@ -110,9 +111,9 @@ MIN_ROUNDS_INJECTED = 20
 # tile programs, so that programs move on from one request to the next.
 SPANNING = ("target verify", "draft extend", "MTP one launch")
 INJECTIONS = ("capture", "warm-up", "replay", "one launch")  # the victims' keys
-# The kernels whose Fallback installs a planned function (LaunchPlans.planned): on a GPU, its plan
-# must take every repeated launch of ours (``Calls``).
-PLANNED = ("decode", "target verify", "draft extend")
+# The kernels whose launches are bound at capture (the Fallbacks' and the MTP one launch's): on a
+# GPU, the bound launch must take every launch of ours at a bs no injection routes (``Calls``).
+BOUND = ("decode", "target verify", "draft extend", "MTP one launch")
 # The kernel (``KERNELS``' name) whose backend attribute each runner's replay calls, in each
 # backend its forward reads (``Runner.backends``: the draft decode's step backends, off the one
 # launch).
@@ -215,11 +216,10 @@ class LoopReport:
     # The calls (of a backend attribute, of the MTP one launch) the counter took as launching ours,
     # per kernel: as many as ``calls``, or the counter credits a call that launched none.
     credited: dict[str, int] = dataclasses.field(default_factory=dict)
-    # Of the launches of PLANNED's ops, those at a bs where ours had launched before (its plan
-    # made) and no injection routes the calls to Fallback.__call__; of those, the ones the
-    # installed planned function's plan took.
-    repeated: dict[str, int] = dataclasses.field(default_factory=dict)
-    planned: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Of the calls that launched ours, those at a bs no injection routes to ours (``bindable``);
+    # of those, the ones a launch bound at capture took (``bound``).
+    bindable: dict[str, int] = dataclasses.field(default_factory=dict)
+    bound: dict[str, int] = dataclasses.field(default_factory=dict)
     indexer_calls: int = 0  # per arm
     indexer_live_calls: int = 0  # of the on arm's calls, those the live copy answered
     indexer_mismatches: list[str] = dataclasses.field(default_factory=list)
@@ -263,12 +263,12 @@ class LoopReport:
                 f"the live copy answered {self.indexer_live_calls} of {self.indexer_calls} indexer "
                 f"calls ({injected} injected failures)"
             )
-        if self.device.startswith("cuda"):  # compiled kernels have launch plans
+        if self.device.startswith("cuda"):  # compiled kernels are bound at capture
             out += [
-                f"the planned path took {self.planned.get(op, 0)} of {repeated} repeated {op} "
-                "launches of ours"
-                for op, repeated in self.repeated.items()
-                if op in PLANNED and self.planned.get(op, 0) < repeated
+                f"the bound launch took {self.bound.get(op, 0)} of {bindable} {op} launches of "
+                "ours at a batch size no injection routes"
+                for op, bindable in self.bindable.items()
+                if op in BOUND and self.bound.get(op, 0) < bindable
             ]
         out += [
             f"the counter credited {self.credited.get(kernel, 0)} calls with a launch of {kernel}, "
@@ -347,8 +347,10 @@ class Requests:
 
 
 def _raising_at(fn, bs: int, injection: Injection, armed=lambda: True):
-    """``fn`` (a kernel wrapper called with ``bs=``) raising ``injection``'s error at ``bs``."""
+    """``fn`` (a kernel wrapper called with ``bs=``) raising ``injection``'s error at ``bs``; its
+    attributes (a wrapper's ``binder``) carried over."""
 
+    @functools.wraps(fn)
     def call(*args, **kwargs):
         if kwargs.get("bs") == bs and armed():
             injection.raised += 1
@@ -358,34 +360,30 @@ def _raising_at(fn, bs: int, injection: Injection, armed=lambda: True):
     return call
 
 
-class _BsOrFailed:
-    """The batch sizes a planned function sends to ``Fallback.__call__`` while ours raises at
-    ``bs``: ``bs`` and those that fell back (the live set)."""
-
-    def __init__(self, bs: int, failed: set):
-        self.bs, self.failed = bs, failed
-
-    def __contains__(self, item) -> bool:
-        return item == self.bs or item in self.failed
-
-
 def _inject(calls, fallback, bs: int, injection: Injection, armed=lambda: True) -> None:
-    """Ours of ``fallback`` raising ``injection``'s error at ``bs``. Ours replaced, the installed
-    planned function would send every call to ``Fallback.__call__``; it stands for the original
-    ours at every other ``bs``, so only ``bs`` (and the batch sizes that fell back) go there: the
-    other calls keep the planned path that a server takes (``calls`` is told that ``bs`` does not).
-    """
-    from sglang_dsa_mtp.kernels.ops.launch import set_unless
-
+    """Ours of ``fallback`` raising ``injection``'s error at ``bs``, where no launch is or will be
+    bound (it would take the calls past ours); every other bs keeps the launch bound at its capture
+    (``calls`` is told that ``bs`` is routed to ours)."""
     calls.routed.setdefault(fallback, set()).add(bs)
     fallback.ours = _raising_at(fallback.ours, bs, injection, armed)
-    installed = fallback.installed
-    if getattr(installed, "launch_plans", None) is not None:
-        set_unless(installed, _BsOrFailed(bs, fallback.failed))
+    fallback.bound = _Unbound(bs, fallback.bound)
+
+
+class _Unbound(dict):
+    """A Fallback's bound launches, with none ever bound for ``bs`` (injected before the capture,
+    whose warm-up binds)."""
+
+    def __init__(self, bs: int, bound: dict):
+        super().__init__((k, v) for k, v in bound.items() if k != bs)
+        self.bs = bs
+
+    def __setitem__(self, key, value) -> None:
+        if key != self.bs:
+            super().__setitem__(key, value)
 
 
 class _CountedKernel:
-    """One of our ``@triton.jit`` kernels as its ``LaunchPlans`` holds it: ``kernel[grid](...)``
+    """One of our ``@triton.jit`` kernels as its wrapper launches it: ``kernel[grid](...)``
     launches the kernel (Triton's JIT, or its interpreter), then calls ``launched()``; everything
     else is the kernel's."""
 
@@ -406,100 +404,72 @@ class _CountedKernel:
         return getattr(self._kernel, name)
 
 
-def our_launch_plans() -> list[tuple[object, str]]:
-    """The launch plans of our replay-metadata kernels, each with the name :class:`Calls` counts
-    its launches by: ``KERNELS``' three wrappers' ("decode", "target verify", "draft extend") and
-    the MTP one launch's (the decode kernel into every step's buffers)."""
-    from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
-    from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
-        fused_dsa_draft_decode_metadata_multi,
-    )
-
-    wrappers = [(kernel, name) for _, kernel, name in KERNELS]
-    wrappers.append((fused_dsa_draft_decode_metadata_multi, "MTP one launch"))
-    return [(wrapper.launch_plans, name) for wrapper, name in wrappers]
-
-
 class Calls:
     """The launches of our kernels, counted where each launches, and the runs of SGLang's kernel
     behind our Fallbacks, counted apart; neither changes the path a call takes.
 
-    Ours: each of :func:`our_launch_plans` launches its kernel one of two ways, both counted by the
-    plans' name: through Triton's JIT (``kernel[grid](...)``: a key's first launch, and every
-    launch under the interpreter; the plans' ``kernel`` is a counting stand-in,
-    :class:`_CountedKernel`) or, on a GPU, by calling the compiled kernel directly (a ``_Plan``
-    these plans stored whose ``launch`` returned True). A call that went to SGLang's kernel
-    launches none of these: no count of ours is inferred from a Fallback's state. Every plan is
-    dropped first (a fresh server: a key's first launch is a JIT one). SGLang's: each plugin-on
-    :class:`~sglang_dsa_mtp.integration.fallback.Fallback`'s ``sglang`` (what ``Fallback.__call__``
-    runs for a ``bs`` that fell back) counts a run by the Fallback's kernel name (:meth:`attach`).
-    Both count inside :meth:`replay` only (not the captures' warm-ups), by kernel.
+    Ours: each replay-metadata wrapper (``support.launch_stubs.WRAPPERS``: decode, target verify,
+    draft extend, the MTP one launch) launches its kernel one of two ways, both counted by the
+    binder's op name: through Triton's JIT in the wrapper (``kernel[grid](...)``, the module global
+    the wrapper launches through a counting stand-in, :class:`_CountedKernel`), or through a
+    launch bound at capture (a ``launch.BoundLaunch`` call that returned True). The capture's
+    probes and warm-ups launch outside :meth:`replay` and are not counted. A call that went to
+    SGLang's kernel launches none of these: no count of ours is inferred from a Fallback's state.
+    SGLang's: each plugin-on :class:`~sglang_dsa_mtp.integration.fallback.Fallback`'s ``sglang``
+    counts a run by the Fallback's kernel name (:meth:`attach`). Both count inside :meth:`replay`
+    only, by kernel.
 
     Per call of a backend attribute of ``dsa_metadata_selection.KERNELS`` (:meth:`attach`: the
-    installed function through a counter) and of the MTP one launch (the call its capture binds,
-    ``launch.bind`` of the real wrapper, so the bound plan path, through a counter) in which ours
-    launched (``credited``: as many calls as launches, checked by ``LoopReport.failures``): whether
-    its batch had more live tiles than the launch has tile programs (:func:`spans`); whether it was "repeated": ours launched at its ``bs`` before, so its plan is
-    made (the capture's warm-up planned twin buffers, and graph capture launches none), but at a
-    ``bs`` an injection routes to ``Fallback.__call__`` (``routed``); and whether it was "planned":
-    a plan's direct launch, ``Fallback.__call__`` not entered (the installed planned function's
-    plan took it; on a GPU every repeated launch of :data:`PLANNED` must be)."""
+    installed function through a counter) and of the MTP one launch's replay
+    (``write_draft_decode_metadata`` through a counter) in which ours launched (``credited``: as
+    many calls as launches, checked by ``LoopReport.failures``): whether its batch had more live
+    tiles than the launch has tile programs (:func:`spans`); whether it was "bindable": at a bs
+    no injection routes to ours (``routed``); and whether it was "bound": the launch bound at
+    capture took it (on a GPU every bindable launch of :data:`BOUND` must be)."""
 
     def __init__(self, monkeypatch):
         from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
-        from sglang_dsa_mtp.integration.fallback import Fallback
         from sglang_dsa_mtp.kernels.ops import launch
+        from support.launch_stubs import WRAPPERS
 
         self.launches: collections.Counter = collections.Counter()  # ours, on arm, by kernel
         self.fell_back: collections.Counter = collections.Counter()  # SGLang's behind ours, on arm
-        self.repeated: collections.Counter = collections.Counter()  # of ours, at a planned bs
-        self.planned: collections.Counter = collections.Counter()  # of those, the plans'
+        self.bindable: collections.Counter = collections.Counter()  # of ours, at a bs not routed
+        self.bound: collections.Counter = collections.Counter()  # of those, the bound launches'
         self.routed = weakref.WeakKeyDictionary()  # Fallback -> the bs its injection routes
         self.spanned: collections.Counter = collections.Counter()
         self.credited: collections.Counter = collections.Counter()  # calls that launched ours
         self._ours: collections.Counter = collections.Counter()  # every launch of ours
-        self._direct: collections.Counter = collections.Counter()  # of those, a plan's
+        self._bound: collections.Counter = collections.Counter()  # of those, a bound launch's
         self._now: Optional[collections.Counter] = None
         self._sglang_now: Optional[collections.Counter] = None
         self._arm: Optional[str] = None
-        self._entered = 0  # calls of Fallback.__call__
-        owners = weakref.WeakKeyDictionary()  # a plan of ours -> its kernel's name
-        for plans, name in our_launch_plans():
-            monkeypatch.setattr(plans, "_plans", {})
-            counted = _CountedKernel(plans.kernel, functools.partial(self._launched, name))
-            monkeypatch.setattr(plans, "kernel", counted)
-            monkeypatch.setattr(plans, "_store", _owning(plans._store, owners, name))
-        plan_launch = launch._Plan.launch
+        self._glued_launches(monkeypatch)
+        for wrapper, module, name in WRAPPERS:
+            launched = functools.partial(self._launched, wrapper.binder.what)
+            monkeypatch.setattr(module, name, _CountedKernel(getattr(module, name), launched))
+        bound_call = launch.BoundLaunch.__call__
 
-        def direct(plan, inputs) -> bool:
-            launched = plan_launch(plan, inputs)
-            name = owners.get(plan)
-            if launched and name is not None:
-                self._launched(name, direct=True)
+        def bound(self_, kwargs) -> bool:
+            launched = bound_call(self_, kwargs)
+            if launched:
+                self._launched(self_.binder.what, bound=True)
             return launched
 
-        monkeypatch.setattr(launch._Plan, "launch", direct)
-        enter = Fallback.__call__
+        monkeypatch.setattr(launch.BoundLaunch, "__call__", bound)
+        write = mtp.write_draft_decode_metadata
 
-        def entered(fallback, *args, **kwargs):
-            self._entered += 1
-            return enter(fallback, *args, **kwargs)
+        def write_draft_decode_metadata(multi, forward_batch, plan):
+            kwargs = dict(
+                plan.launch,
+                seq_lens=forward_batch.seq_lens,
+                req_pool_indices=forward_batch.req_pool_indices,
+            )
+            return self._counted_call(
+                "MTP one launch", kwargs, True, lambda: write(multi, forward_batch, plan)
+            )
 
-        monkeypatch.setattr(Fallback, "__call__", entered)
-
-        def counted_bind(function, inputs, **fixed):
-            bound = launch.bind(function, inputs, **fixed)
-
-            def call(*values) -> None:
-                ours = self._ours["MTP one launch"]
-                bound(*values)
-                if self._ours["MTP one launch"] > ours:
-                    arguments = dict(zip(inputs, values), **fixed)
-                    self._facts("MTP one launch", arguments, planned=False, repeated=False)
-
-            return call
-
-        monkeypatch.setattr(mtp, "bind", counted_bind)
+        monkeypatch.setattr(mtp, "write_draft_decode_metadata", write_draft_decode_metadata)
 
     def attach(self, arm) -> None:
         from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
@@ -524,39 +494,86 @@ class Calls:
         return call
 
     def _counted(self, installed, fallback, name: str):
-        launched = set()  # the bs at which ours launched (made its plan)
-
         def call(*args, **kwargs):
-            entered, bs = self._entered, kwargs.get("bs")
-            ours, direct = self._ours[name], self._direct[name]
-            out = installed(*args, **kwargs)
-            if self._ours[name] > ours:
-                planned = self._entered == entered and self._direct[name] > direct
-                repeated = bs in launched and bs not in self.routed.get(fallback, ())
-                launched.add(bs)
-                self._facts(name, kwargs, planned=planned, repeated=repeated)
-            return out
+            bindable = kwargs.get("bs") not in self.routed.get(fallback, ())
+            return self._counted_call(name, kwargs, bindable, lambda: installed(*args, **kwargs))
 
         call.fallback = fallback  # fallback_of finds it through the counter
         return call
 
-    def _launched(self, name: str, *, ours: bool = True, direct: bool = False) -> None:
-        """One launch of kernel ``name``: ours (``direct``: a plan's), or SGLang's behind one of
-        our Fallbacks."""
+    def _counted_call(self, name: str, kwargs: dict, bindable: bool, call):
+        """``call()``, and if it launched ours, what the call tells (:meth:`_facts`)."""
+        ours, bound = self._ours[name], self._bound[name]
+        out = call()
+        if self._ours[name] > ours:
+            self._facts(name, kwargs, bound=self._bound[name] > bound, bindable=bindable)
+        return out
+
+    def _glued_launches(self, monkeypatch) -> None:
+        """A glue graph's replay launches what its capture recorded: the launches (and the calls'
+        facts) made while a ``MetadataGlueGraph`` captured a key are kept for it, and each replay
+        of the key counts them again, as made then (never as bound launches), on the buffers the
+        capture read; what runs on the host during that replay is not counted (the simulated
+        graphs off a GPU make the captured calls again)."""
+        from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph
+
+        self._recording: Optional[list] = None
+        self._recorded: dict = {}  # (glue, key) -> the capture's launches and facts
+        self._glued = False
+        run, replay = MetadataGlueGraph.run, MetadataGlueGraph.replay
+
+        def counted_run(glue, attn_backend, fb_view, key) -> None:
+            if glue.is_captured(key):
+                return self._glue_replay(glue, key, lambda: run(glue, attn_backend, fb_view, key))
+            outer, self._recording = self._recording, []
+            try:
+                run(glue, attn_backend, fb_view, key)
+            finally:
+                events, self._recording = self._recording, outer
+            if glue.is_captured(key):  # this call captured the key
+                self._recorded[id(glue), key] = events
+
+        def counted_replay(glue, key) -> None:
+            self._glue_replay(glue, key, lambda: replay(glue, key))
+
+        monkeypatch.setattr(MetadataGlueGraph, "run", counted_run)
+        monkeypatch.setattr(MetadataGlueGraph, "replay", counted_replay)
+
+    def _glue_replay(self, glue, key, call) -> None:
+        self._glued = True
+        try:
+            call()
+        finally:
+            self._glued = False
+        for event, name, detail in self._recorded.get((id(glue), key), ()):
+            if event == "launch":
+                self._launched(name, ours=detail)
+            else:
+                self._facts(name, detail, bound=False, bindable=False)
+
+    def _launched(self, name: str, *, ours: bool = True, bound: bool = False) -> None:
+        """One launch of kernel ``name``: ours (``bound``: a bound launch's), or SGLang's behind
+        one of our Fallbacks."""
+        if self._glued:
+            return
+        if self._recording is not None:
+            self._recording.append(("launch", name, ours))
         if ours:
             self._ours[name] += 1
-            self._direct[name] += direct
+            self._bound[name] += bound
         if self._now is not None:
             (self._now if ours else self._sglang_now)[name] += 1
             if self._arm == "on":
                 (self.launches if ours else self.fell_back)[name] += 1
 
-    def _facts(self, name: str, kwargs: dict, *, planned: bool, repeated: bool) -> None:
+    def _facts(self, name: str, kwargs: dict, *, bound: bool, bindable: bool) -> None:
         """What one call in which ours launched tells, counted while the on arm replays."""
+        if self._recording is not None:
+            self._recording.append(("facts", name, kwargs))
         if self._arm == "on":
             self.credited[name] += 1
-            self.repeated[name] += repeated
-            self.planned[name] += planned and repeated
+            self.bindable[name] += bindable
+            self.bound[name] += bound and bindable
             self.spanned[name] += spans(**kwargs)
 
     @contextlib.contextmanager
@@ -568,16 +585,6 @@ class Calls:
             yield self._now, self._sglang_now
         finally:
             self._now = self._sglang_now = self._arm = None
-
-
-def _owning(store, owners, name: str):
-    """``LaunchPlans._store`` that first notes the plan as one of ``name``'s in ``owners``."""
-
-    def stored(key, plan, buffers) -> None:
-        owners[plan] = name
-        store(key, plan, buffers)
-
-    return stored
 
 
 def spans(
@@ -1328,15 +1335,15 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
     report.compiles_on_capture = counters["on capture"]
     report.calls, report.spanned = dict(calls.launches), dict(calls.spanned)
     report.fell_back, report.credited = dict(calls.fell_back), dict(calls.credited)
-    report.repeated, report.planned = dict(calls.repeated), dict(calls.planned)
+    report.bindable, report.bound = dict(calls.bindable), dict(calls.bound)
     return report
 
 
 def engagement_table(report: LoopReport) -> str:
     """A markdown table: per server, the plugin-on replays of each ENGAGED op that ran ours; then
     the launches of each kernel of ours (:class:`Calls`), those with more live tiles than tile
-    programs, the runs of SGLang's kernel behind our Fallbacks, the repeated launches the planned
-    path took, and the indexer calls the live copy answered."""
+    programs, the runs of SGLang's kernel behind our Fallbacks, the launches at a bs no injection
+    routes that a bound launch took, and the indexer calls the live copy answered."""
     from support.bench_cli import markdown_header, markdown_row
 
     lines = [markdown_header(["server", *(f"{op}: ours ran" for op in ENGAGED)])]
@@ -1349,16 +1356,16 @@ def engagement_table(report: LoopReport) -> str:
         for kernel in sorted(report.calls)
     )
     fell_back = ", ".join(f"{k} {n:,}" for k, n in sorted(report.fell_back.items()))
-    planned = ", ".join(
-        f"{op} {report.planned.get(op, 0):,} of {report.repeated[op]:,}"
-        for op in PLANNED
-        if op in report.repeated
+    bound = ", ".join(
+        f"{op} {report.bound.get(op, 0):,} of {report.bindable[op]:,}"
+        for op in BOUND
+        if op in report.bindable
     )
     lines += [
         "",
         f"Launches of ours while the plugin-on arm replayed: {launches or 'none'}; SGLang's "
-        f"kernel behind our Fallbacks: {fell_back or 'none'}; repeated "
-        f"launches the planned path took: {planned or 'none'}; indexer calls the live copy "
+        f"kernel behind our Fallbacks: {fell_back or 'none'}; launches "
+        f"the bound launches took: {bound or 'none'}; indexer calls the live copy "
         f"answered: {report.indexer_live_calls} of {report.indexer_calls}",
     ]
     return "\n".join(lines)

@@ -22,8 +22,10 @@ import logging
 import torch
 
 from sglang_dsa_mtp.hooks import why_off
+from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
 from sglang_dsa_mtp.integration.dsa_mtp_draft_metadata import why_not_one_launch
 from sglang_dsa_mtp.integration.dsa_verify_mask import create_verify_mask
+from sglang_dsa_mtp.integration.fallback import fallback_of
 from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, peek, state_of
 from sglang_dsa_mtp.log import gate_failure, log_failure, log_once
 from sglang_dsa_mtp.switches import LIVE_WIDTH
@@ -87,7 +89,13 @@ def _sglang_drop_decides(original, backend, args, kwargs) -> None:
 
 
 def init_graph_state(original, backend, max_bs, max_num_tokens, *args, **kwargs):
-    """AROUND ``DeepseekSparseAttnBackend.init_cuda_graph_state``: items 1, 2 and 3 above."""
+    """AROUND ``DeepseekSparseAttnBackend.init_cuda_graph_state``: items 1, 2 and 3 above; the
+    launches bound on the graph state being replaced are dropped (they hold its buffers; each
+    batch size is bound again at its capture)."""
+    for attr, _, _ in KERNELS:
+        fallback = fallback_of(getattr(backend, attr, None))
+        if fallback is not None:
+            fallback.bound.clear()
     args = (max_bs, max_num_tokens, *args)
     try:
         reason = why_keep_wide_table(backend)

@@ -8,7 +8,8 @@ request, would compile our kernel's variant, and the first replay that falls bac
 SGLang's variant. This AFTER hook, for a backend that uses the bounded kernels
 (``dsa_metadata_selection``), warms both variants up right away (``Fallback.warm_up``): the call
 SGLang's replay will make for this batch size and mode, made on twin buffers (``launch.warm_up``),
-never on the captured ones. A warm-up inside a stream capture is skipped (logged; the first replay
+never on the captured ones; then ours's launch of that call is bound for the replays
+(``launch.Binder.bind``). A warm-up inside a stream capture is skipped (logged; the first replay
 then compiles); one of ours that raises sends that batch size to SGLang's kernel (``fallback``:
 logged once at ERROR), as the replay would have; one of SGLang's that raises is logged once. Any
 other error once the backend's kernel is known (building the replay's arguments, say) also sends

@@ -30,13 +30,15 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode, build_inne
 from sglang_dsa_mtp import sglang_surface
 from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.integration.dsa_metadata_glue import capture_mtp, mtp_replay
+from sglang_dsa_mtp.integration.fallback import log_launcher
 from sglang_dsa_mtp.integration.state import DraftDecodeBs, MultiStepState, peek, state_of
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
     MAX_DESTINATIONS,
+    ONE_LAUNCH_BINDER,
     DecodeMetadataDestination,
     fused_dsa_draft_decode_metadata_multi,
 )
-from sglang_dsa_mtp.kernels.ops.launch import bind, warm_up
+from sglang_dsa_mtp.kernels.ops.launch import warm_up
 from sglang_dsa_mtp.log import log_failure, log_once, logger
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
 
@@ -98,10 +100,6 @@ def why_not_one_launch(multi, bs: int | None = None) -> str | None:
     return _tables_mismatch([b.decode_cuda_graph_metadata[bs] for b in backends], backends)
 
 
-# The one launch's per-replay inputs, in the order plan.call takes them.
-INPUTS = ("seq_lens", "req_pool_indices")
-
-
 def draft_decode_metadata(original, self, forward_batch, in_capture=False):
     """AROUND ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``."""
     if in_capture:
@@ -154,8 +152,8 @@ def _other_path(state: MultiStepState) -> str:
 
 
 def _capture(multi, forward_batch) -> None:
-    """At the capture of a bs: decide its path, bind the one launch's arguments, compile its
-    variant (outside stream capture); say what was decided."""
+    """At the capture of a bs: decide its path and the one launch's arguments, compile its variant
+    and bind its launch (outside stream capture); say what was decided."""
     bs = forward_batch.batch_size
     state = state_of(multi, MultiStepState)
     try:
@@ -165,7 +163,6 @@ def _capture(multi, forward_batch) -> None:
                 backend.decode_cuda_graph_metadata[bs] for backend in multi.attn_backends
             ]
             plan.launch = one_launch_kwargs(multi, plan.metadata, bs)
-            plan.call = bind(fused_dsa_draft_decode_metadata_multi, INPUTS, **plan.launch)
     except Exception as exc:  # never take the capture down: another path writes this bs
         plan = DraftDecodeBs(None)
         _give_up(multi, state, plan, bs, exc, "deciding its path")
@@ -225,9 +222,10 @@ def _facts(multi, state: MultiStepState) -> str:
 
 
 def _warm_up_one_launch(multi, state, forward_batch, plan: DraftDecodeBs, bs: int) -> None:
-    """Compile the one launch's kernel variant for ``bs`` on twin buffers, outside stream capture
-    (inside one: skipped, its first replay compiles); a warm-up that raises sends ``bs`` to another
-    path, as the replay would."""
+    """Compile the one launch's kernel variant for ``bs`` on twin buffers and bind its launch
+    (``launch.Binder.bind``), outside stream capture (inside one: skipped, its replays go through
+    the wrapper, the first compiling); a warm-up that raises sends ``bs`` to another path, as the
+    replay would."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         log_once(
             logging.WARNING,
@@ -236,13 +234,15 @@ def _warm_up_one_launch(multi, state, forward_batch, plan: DraftDecodeBs, bs: in
             "up, its first replay compiles",
         )
         return
+    kwargs = dict(
+        plan.launch,
+        seq_lens=forward_batch.seq_lens,
+        req_pool_indices=forward_batch.req_pool_indices,
+    )
     try:
-        warm_up(
-            fused_dsa_draft_decode_metadata_multi,
-            seq_lens=forward_batch.seq_lens,
-            req_pool_indices=forward_batch.req_pool_indices,
-            **plan.launch,
-        )
+        warm_up(fused_dsa_draft_decode_metadata_multi, **kwargs)
+        plan.bound, why = ONE_LAUNCH_BINDER.bind(**kwargs)
+        log_launcher(ONE_LAUNCH_BINDER.what, why)
     except Exception as exc:
         _give_up(multi, state, plan, bs, exc, "its warm-up")
 
@@ -305,7 +305,13 @@ def write_draft_decode_metadata(multi, forward_batch, plan: DraftDecodeBs) -> No
     first, m0 = backends[0], metas[0]
     for backend in backends:
         backend.set_dsa_prefill_impl(forward_batch=None)
-    plan.call(forward_batch.seq_lens, forward_batch.req_pool_indices)
+    kwargs = dict(
+        plan.launch,
+        seq_lens=forward_batch.seq_lens,
+        req_pool_indices=forward_batch.req_pool_indices,
+    )
+    if plan.bound is None or not plan.bound(kwargs):
+        fused_dsa_draft_decode_metadata_multi(**kwargs)
     if first.dsa_decode_impl == "flashmla_kv":
         flashmla = sglang_surface.flashmla_metadata(first, m0.dsa_cache_seqlens_int32[:bs], 1)
         for m in metas:

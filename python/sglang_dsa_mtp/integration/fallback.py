@@ -12,87 +12,74 @@ one's first call at a batch size compiles. :meth:`Fallback.warm_up`, called at c
 captured batch size (``dsa_metadata_capture``), compiles both on twin buffers (``launch.warm_up``):
 neither our replay nor a replay that falls back compiles while serving.
 
-A backend attribute holds what :attr:`Fallback.installed` returns (:func:`fallback_of` finds the
-fallback again). SGLang passes every argument by keyword. Where ours is a wrapper with launch plans,
-the installed function has its signature (``LaunchPlans.planned``): Python binds SGLang's keywords
-straight to its parameters, no dict gathered, and it launches through the plan of the call's key,
-computed in its own frame; any other call (no plan yet, a ``bs`` that fell back, another ``ours``)
-goes to :meth:`Fallback.__call__` with the same arguments. Elsewhere it is the bound ``__call__``.
+:meth:`Fallback.warm_up` also binds ours's launch for the batch size (``launch.Binder.bind``: its
+launcher chosen by a probe on twin buffers, logged once per op and choice), held in
+:attr:`Fallback.bound` by ``bs``: a later call with the same buffers launches through it, any other
+call goes through ours. A backend attribute holds :attr:`Fallback.installed` (:func:`fallback_of`
+finds the fallback again); SGLang passes every argument by keyword.
 
 This module imports no SGLang code, so that the host-time benchmark times what the server calls.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
-from sglang_dsa_mtp.kernels.ops.launch import EVERY, MISSING, LaunchPlans, set_unless, warm_up
-from sglang_dsa_mtp.log import log_failure
+from sglang_dsa_mtp.kernels.ops.launch import BoundLaunch, warm_up
+from sglang_dsa_mtp.log import log_failure, log_once
 
 
 class Fallback:
     """``ours`` with ``sglang`` as its per-``bs`` fallback; ``what`` names the operation in the log.
 
     ``failed`` holds the batch sizes that fell back; :meth:`fall_back` sends one there for good
-    (when ours raises, at a replay or at its warm-up) and logs why, once."""
+    (when ours raises, at a replay or at its warm-up) and logs why, once. ``bound`` holds the
+    launches of ours bound at warm-up, by ``bs``."""
 
-    __slots__ = ("_ours", "sglang", "what", "failed", "_planned", "_installed", "__weakref__")
+    __slots__ = ("ours", "sglang", "what", "failed", "bound", "__weakref__")
 
     def __init__(self, ours: Callable, sglang: Callable, *, what: str):
-        self.sglang, self.what = sglang, what
+        self.ours, self.sglang, self.what = ours, sglang, what
         self.failed: set = set()
-        plans = getattr(ours, "launch_plans", None)
-        self._planned, self._installed = ours, None
-        if isinstance(plans, LaunchPlans) and plans.wrapper is ours:
-            self._installed = plans.planned(self._on_miss, unless=self.failed)
-        if self._installed is not None:
-            self._installed.fallback = self
-        self.ours = ours
-
-    @property
-    def ours(self) -> Callable:
-        return self._ours
-
-    @ours.setter
-    def ours(self, ours: Callable) -> None:
-        # The planned function stands in for the ours it was made for: another ours takes
-        # every call through __call__.
-        self._ours = ours
-        if self._installed is not None:
-            set_unless(self._installed, self.failed if ours is self._planned else EVERY)
+        self.bound: dict[int, BoundLaunch] = {}
 
     @property
     def installed(self) -> Callable:
-        """What a backend attribute holds in SGLang's kernel's place: ours's planned function
-        where ours has launch plans, else the bound ``__call__``."""
-        return self.__call__ if self._installed is None else self._installed
-
-    def _on_miss(self, rest: dict, **arguments):
-        """The planned function's call that its plan did not take: by keyword, through
-        :meth:`__call__` (an argument SGLang did not pass left out)."""
-        kwargs = {name: v for name, v in arguments.items() if v is not MISSING}
-        kwargs.update(rest)
-        return self(**kwargs)
+        """What a backend attribute holds in SGLang's kernel's place: the bound ``__call__``."""
+        return self.__call__
 
     def __call__(self, *args, **kwargs):
+        """Ours for the call (through the launch bound for its ``bs`` where that takes it), or
+        SGLang's kernel for a ``bs`` that fell back."""
         bs = kwargs.get("bs")
         if bs not in self.failed:
             try:
-                return self.ours(*args, **kwargs)
+                bound = self.bound.get(bs)
+                if args or bound is None or not bound(kwargs):
+                    return self.ours(*args, **kwargs)
+                return None
             except Exception as exc:  # never take the server down: SGLang's kernel takes over
                 self.fall_back(bs, exc)
         return self.sglang(*args, **kwargs)
 
     def warm_up(self, **kwargs) -> None:
         """Compile the variants that a call with these keyword arguments launches, ours and
-        SGLang's, without writing any buffer of ``kwargs`` (:func:`launch.warm_up`'s twin buffers).
-        Ours raising sends ``kwargs["bs"]`` to SGLang's kernel, as the replay would have; SGLang's
-        raising is logged once and changes nothing (a replay that falls back may then compile).
-        Never raises. The caller checks that no CUDA graph is being captured (``launch.warm_up``
-        refuses to launch inside one, which would send the bs to SGLang's kernel)."""
+        SGLang's, without writing any buffer of ``kwargs`` (:func:`launch.warm_up`'s twin buffers),
+        then bind ours's launch for ``kwargs["bs"]`` where ours has a ``binder``. Ours raising sends
+        that bs to SGLang's kernel, as the replay would have; SGLang's raising is logged once and
+        changes nothing (a replay that falls back may then compile). Never raises. The caller
+        checks that no CUDA graph is being captured (``launch.warm_up`` and the binding refuse to
+        launch inside one, which would send the bs to SGLang's kernel)."""
         bs = kwargs.get("bs")
         try:
             warm_up(self.ours, **kwargs)
+            binder = getattr(self.ours, "binder", None)
+            if binder is not None:
+                bound, why = binder.bind(**kwargs)
+                log_launcher(self.what, why)
+                if bound is not None:
+                    self.bound[bs] = bound
         except Exception as exc:  # never take the capture down: SGLang's kernel takes this bs
             self.fall_back(bs, exc)
         try:
@@ -108,6 +95,7 @@ class Fallback:
             )
 
     def fall_back(self, bs, exc: BaseException) -> None:
+        self.bound.pop(bs, None)
         self.failed.add(bs)
         log_failure(
             ("fallback", id(self), bs),
@@ -116,6 +104,18 @@ class Fallback:
             self.what,
             bs,
         )
+
+
+def log_launcher(what: str, why: str) -> None:
+    """Which launcher the launches of ``what`` were bound to at capture, and why (``Binder.bind``'s
+    words): at INFO, once per op and outcome."""
+    log_once(
+        logging.INFO,
+        ("launcher", what, why),
+        "sglang_dsa_mtp: %s launches bound at capture: %s",
+        what,
+        why,
+    )
 
 
 def fallback_of(kernel) -> Fallback | None:

@@ -11,7 +11,6 @@ the plugin's hooks were applied).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -78,7 +77,7 @@ class DraftDecodeBs:
 
     reason: str | None  # why the one launch does not write it; None when it does
     launch: dict | None = None  # the one launch's keyword arguments but the per-replay inputs
-    call: Callable | None = None  # the one launch with them bound: call(seq_lens, req_pool_indices)
+    bound: Any = None  # its launch bound at capture (launch.BoundLaunch), or None: the wrapper
     metadata: list | None = None  # every step backend's graph metadata for the batch size
     failed: bool = False  # the reason is a failure, already logged at ERROR
 

@@ -67,13 +67,13 @@ BUGS = {
         "self._launched(name, ours=True)",
         ALL_DEVICES,
     ),
-    # The counter's per-call facts (spanning, repeated, planned) credited to a call that launched
-    # none of ours (the old counter's ``if True`` bug, on the line that now asks whether ours
-    # launched in the call).
+    # The counter's per-call facts (spanning, bindable, bound) credited to a call that launched
+    # none of ours (the old counter's ``if planned or bs not in fallback.failed`` -> ``if True``
+    # bug, on the line that now asks whether ours launched in the call).
     "fallback-call-credited-to-ours": (
         "test/support/serving_loop.py",
-        "            if self._ours[name] > ours:\n",
-        "            if True:\n",
+        "        if self._ours[name] > ours:\n",
+        "        if True:\n",
         ALL_DEVICES,
     ),
     # The MTP draft decode's glue captured on a private copy of its inputs: every later replay
@@ -92,6 +92,15 @@ BUGS = {
         '    why = _why_eager(self, kwargs) or ("padded" if kwargs["raw_bs"] != kwargs["bs"] '
         "else None)\n",
         ALL_DEVICES,
+    ),
+    # The launch bound at capture places its inputs in reverse order: its probe differs from
+    # Triton's JIT, nothing is bound, and on a GPU the bound launches take none of the replays.
+    "bound-inputs-reversed": (
+        "python/sglang_dsa_mtp/kernels/ops/launch.py",
+        "    return tuple((name, list(arg_names).index(name)) for name in inputs)\n",
+        "    return tuple(zip(inputs, sorted((list(arg_names).index(n) for n in inputs), "
+        "reverse=True)))\n",
+        ("gpu",),
     ),
     "program-stays-on-its-request": (
         "python/sglang_dsa_mtp/kernels/ops/attention/dsa_metadata_common.py",

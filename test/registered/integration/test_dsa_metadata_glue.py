@@ -181,6 +181,7 @@ def test_the_draft_extend_keeps_its_prep_eager_where_it_reads_the_rounds_accept_
     (an unpadded replay's own tensor): no glue, with that reason."""
     from support.dsa_backends import CpuDsaServer
 
+    hooked.setenv(dsa_serving.GLUE_ENV, "1")
     server = CpuDsaServer(hooked, kpool=2)
     try:
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -195,6 +196,7 @@ def test_the_draft_extend_keeps_its_prep_eager_where_it_reads_the_rounds_accept_
 def test_the_decode_runner_declines_a_backend_that_is_not_dsas(hooked):
     from types import SimpleNamespace
 
+    hooked.setenv(dsa_serving.GLUE_ENV, "1")
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     seq_lens, slots = torch.ones(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)

@@ -358,11 +358,12 @@ def test_a_raising_one_launch_sends_its_bs_to_sglangs_path_with_one_accurate_lin
         server.capture(multi, DECODE, [BS])
     stock_arm(stock)
 
-    def raising(*inputs):
+    def raising(**kwargs):
         raise RuntimeError("injected failure")
 
-    # the one launch its capture bound (plan.call), raising from now on
-    hooked.setattr(state_of(ours, MultiStepState).batch_sizes[BS], "call", raising)
+    # the one launch raising from now on: its wrapper, no launch bound
+    hooked.setattr(state_of(ours, MultiStepState).batch_sizes[BS], "bound", None)
+    hooked.setattr(mtp, "fused_dsa_draft_decode_metadata_multi", raising)
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         for lengths, slots in ROUNDS:
             for multi in (ours, stock):

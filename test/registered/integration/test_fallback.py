@@ -23,12 +23,14 @@ from sglang_dsa_mtp.integration.fallback import Fallback, fallback_of
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA
 from support.constants import POISON
 from support.dsa_backends import metadata_tensors, poison
+from support.metadata_cases import SMALL_TOPK, CapturedBuffers
 
 MODES = {
     "decode": (ForwardMode.DECODE, "target"),
     "target verify": (ForwardMode.TARGET_VERIFY, "target"),
     "draft extend": (ForwardMode.DRAFT_EXTEND_V2, "draft_extend"),
 }
+CASE_OPS = {"decode": "decode", "target verify": "verify", "draft extend": "draft_extend"}
 FAILING_BS = 4
 ROUNDS = (([129, 0, 250], [3, 5, 1]), ([1, 300 - 5, 64], [2, 7, 6]))
 
@@ -112,6 +114,17 @@ def test_a_kernel_raising_only_at_replay_falls_back_at_that_replay(dsa_server, h
     assert len(errors) == 1 and "injected failure" in errors[0]
 
 
+def test_a_new_graph_state_drops_the_launches_bound_on_the_old_one(dsa_server, hooked):
+    """A bound launch holds the buffers of the graph state it was bound on: SGLang building the
+    graph state again drops it (each batch size is bound again at its capture)."""
+    server = dsa_server()
+    backend = build(server, hooked, "decode")
+    fallback = fallback_of(backend._fused_decode_metadata)
+    fallback.bound[2] = Bound()
+    backend.init_cuda_graph_state(FAILING_BS, FAILING_BS)
+    assert fallback.bound == {}
+
+
 @pytest.mark.quick
 def test_the_fallback_calls_sglangs_kernel_with_the_same_arguments():
     calls = []
@@ -148,22 +161,56 @@ def test_what_a_backend_attribute_holds_is_the_fallbacks_call_and_leads_back_to_
     assert fallback_of(guarded.sglang) is None and fallback_of(None) is None
 
 
-@pytest.mark.parametrize("op", MODES)
-def test_the_installed_function_of_our_wrapper_hands_sglang_exactly_the_callers_arguments(op):
-    """Where ours has launch plans the backend attribute holds a function with its parameters
-    (every one defaulting to ``launch.MISSING``): a call it does not launch through a plan, here
-    one whose bs fell back and one ours raises for, reaches SGLang's kernel with the caller's
-    keywords only (none of ours, such as ``budget``), and ours stays replaceable."""
-    ours = {name: kernel for _, kernel, name in selection.KERNELS}[op]
+class Bound:
+    """A bound launch that takes the calls whose ``seq_lens`` is "s"; records every call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, kwargs) -> bool:
+        self.calls.append(kwargs)
+        return kwargs["seq_lens"] == "s"
+
+
+@pytest.mark.quick
+def test_a_call_the_launch_bound_for_its_bs_takes_launches_through_it_alone():
+    ours = []
+    guarded = Fallback(
+        lambda **kw: ours.append(kw), lambda **kw: pytest.fail("fell back"), what="x"
+    )
+    bound = guarded.bound[3] = Bound()
+    guarded.installed(bs=3, seq_lens="s")  # taken by the bound launch
+    guarded.installed(bs=3, seq_lens="t")  # refused: ours
+    guarded.installed(bs=4, seq_lens="s")  # no launch bound for bs 4: ours
+    assert bound.calls == [{"bs": 3, "seq_lens": "s"}, {"bs": 3, "seq_lens": "t"}]
+    assert ours == [{"bs": 3, "seq_lens": "t"}, {"bs": 4, "seq_lens": "s"}]
+
+
+@pytest.mark.quick
+def test_a_bound_launch_that_raises_sends_its_bs_to_sglangs_kernel_for_good():
+    def raising(kwargs):
+        raise RuntimeError("the launch failed")
+
     sglang = []
-    guarded = Fallback(ours, lambda **kw: sglang.append(kw), what=op)
-    installed = guarded.installed
-    assert installed is not guarded.__call__ and fallback_of(installed) is guarded
-    installed(bs=3, seq_lens="not a tensor")  # ours raises: this bs falls back
-    installed(bs=3, seq_lens="s")  # a bs that fell back
-    assert sglang == [{"bs": 3, "seq_lens": "not a tensor"}, {"bs": 3, "seq_lens": "s"}]
-    assert guarded.failed == {3}
-    calls = []
-    guarded.ours = lambda **kw: calls.append(kw)  # replaced: every call through it
-    installed(bs=5, seq_lens="s")
-    assert calls == [{"bs": 5, "seq_lens": "s"}]
+    guarded = Fallback(lambda **kw: pytest.fail("ours"), lambda **kw: sglang.append(kw), what="x")
+    guarded.bound[3] = raising
+    for _ in range(2):
+        guarded.installed(bs=3, seq_lens="s")
+    assert sglang == [{"bs": 3, "seq_lens": "s"}] * 2
+    assert guarded.failed == {3} and guarded.bound == {}
+
+
+@pytest.mark.parametrize("op", MODES)
+def test_at_warm_up_on_the_cpu_nothing_is_bound_and_the_log_says_why(op, caplog, fresh_switches):
+    """Triton's interpreter compiles nothing: every call goes through the wrapper (its JIT)."""
+    ours = {name: kernel for _, kernel, name in selection.KERNELS}[op]
+    guarded = Fallback(ours, lambda **kw: None, what=f"DSA {op} replay metadata")
+    table = torch.zeros(4, 300, dtype=torch.int32)
+    buffers = CapturedBuffers(table, max_bs=2, next_n=2, page_size=64, topk=SMALL_TOPK)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        guarded.warm_up(**buffers.replay_kwargs(CASE_OPS[op], 2))
+    assert guarded.failed == set() and guarded.bound == {}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"sglang_dsa_mtp: DSA {op} replay metadata launches bound at capture: Triton's JIT: "
+        "Triton compiles nothing here (its interpreter)"
+    ]

@@ -143,7 +143,7 @@ def test_the_negative_control_every_replay_on_sglangs_kernels_counts_no_launch_o
 ):
     """The loop with every Fallback of the plugin-on arm sending every captured bs to SGLang's
     kernel and every MTP draft-decode bs off the one launch (``LoopConfig.sglang_only``): the
-    counter counts no launch of ours (nor credits a call with one: no spanning, repeated or planned
+    counter counts no launch of ours (nor credits a call with one: no spanning, bindable or bound
     launch), counts
     SGLang's kernel behind our Fallbacks in every replay, and the run fails on engagement, and on
     nothing else (the arms still agree bit for bit). On the GPU, at max bs 8."""
@@ -156,7 +156,7 @@ def test_the_negative_control_every_replay_on_sglangs_kernels_counts_no_launch_o
     print(serving_loop.engagement_table(report))
     assert report.calls == {}, f"launches of ours counted: {report.calls}"
     facts = {"credited": report.credited, "spanning": report.spanned}
-    facts.update(repeated=report.repeated, planned=report.planned)
+    facts.update(bindable=report.bindable, bound=report.bound)
     assert not any(n for counts in facts.values() for n in counts.values()), facts
     rounds = sum(server.rounds for server in report.servers)
     assert rounds == NEGATIVE["rounds"] and report.replays == 3 * rounds

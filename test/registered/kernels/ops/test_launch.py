@@ -1,251 +1,401 @@
-"""Launch plans: after its first call, a call key launches through the compiled kernel's launcher with
-the arguments Triton's JIT passed it, and anything that could change Triton's choice takes the JIT path.
+"""Launches bound at capture: each input at the parameter of its name, the launcher chosen by a probe,
+and a later call launched only with the bound buffers.
 
-On the CPU the JIT and the compiled kernel are stand-ins that record what they get (Triton's
-interpreter compiles nothing, so real plans exist only on a GPU: there the replay-metadata kernel
-tests run every call twice, the second through the plan, against SGLang's kernels).
+On the CPU Triton's interpreter compiles nothing: ``support.launch_stubs`` stands in a compiled kernel
+whose launch runs the interpreted kernel with its arguments by parameter position, so binding, the
+checks before a launch and the probe run as on a GPU (where ``attention/test_launch_plans.py`` binds
+every op through Triton's real launchers and compares with SGLang's kernels).
 """
 
-import gc
-import inspect
-from collections.abc import Sequence
+import logging
 from types import SimpleNamespace
-from typing import Optional
 
 import pytest
 import torch
 
+from sglang_dsa_mtp import log
+from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.kernels.ops import launch
-from sglang_dsa_mtp.kernels.ops.launch import Launch, LaunchPlans, specialization_twin
+from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_bounded as bounded
+from sglang_dsa_mtp.kernels.ops.launch import (
+    C_LAUNCH,
+    JIT,
+    TRITON_LAUNCH,
+    BoundLaunch,
+    specialization_twin,
+)
+from support.constants import POISON
+from support.launch_stubs import compiled_on_cpu
+from support.metadata_cases import SMALL_TOPK, CapturedBuffers, kernel_for
 
-
-class FakeCompiled:
-    """What ``JITFunction.run`` returns on a GPU: a compiled kernel with a launcher (``run``)."""
-
-    def __init__(self):
-        self.function, self.packed_metadata, self.launches = "function", "packed", []
-
-    def launch_metadata(self, grid, stream, *args):
-        return ("metadata", grid)
-
-    def run(self, *args):
-        self.launches.append(args)
-
-
-class FakeKernel:
-    """A ``@triton.jit`` function: ``kernel[grid](*args, **kwargs)`` records the call."""
-
-    arg_names = ["seq_lens", "req_pool_indices", "out", "stride", "n", "BLOCK"]
-
-    def __init__(self, compiled=True):
-        self.compiled = FakeCompiled() if compiled else None
-        self.jit_calls = []
-
-    def __getitem__(self, grid):
-        def run(*args, **kwargs):
-            self.jit_calls.append(grid)  # (holds no argument: the JIT keeps none)
-            return self.compiled
-
-        return run
-
-
-DRIVER = SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda device: 77)
-
-
-def wrapper(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, out: torch.Tensor, n: int):
-    """The signature the plans key: the kernel's two inputs, a buffer and a scalar."""
-
-
-def make_plans(kernel, driver=DRIVER, prepared=None):
-    """Plans of ``kernel`` for :func:`wrapper`, whose checks (``prepare``) append to ``prepared``."""
-
-    def prepare(a):
-        if prepared is not None:
-            prepared.append(a["n"])
-        for name in ("seq_lens", "req_pool_indices"):
-            if not isinstance(a[name], torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor")
-        arguments = dict(
-            seq_lens=a["seq_lens"],
-            req_pool_indices=a["req_pool_indices"],
-            out=a["out"],
-            stride=a["seq_lens"].stride(0),
-            n=a["n"],
-            BLOCK=4,
-        )
-        return Launch((1 + a["n"],), arguments, input_len=a["n"], options=dict(num_warps=4))
-
-    return LaunchPlans(kernel, num_inputs=2, wrapper=wrapper, prepare=prepare, driver=driver)
-
-
-def call(plans, out, seq_lens, req_pool_indices, n=3):
-    """One call of the wrapper: through its key's plan, else checked and launched by the JIT."""
-    plans(dict(seq_lens=seq_lens, req_pool_indices=req_pool_indices, out=out, n=n))
+BS = 3
+WRAPPERS = {
+    "decode": bounded.fused_dsa_decode_metadata_bounded,
+    "verify": bounded.fused_dsa_target_verify_metadata_bounded,
+    "draft_extend": bounded.fused_dsa_draft_extend_metadata_bounded,
+}
+OPS = list(WRAPPERS)
+TABLE = torch.randint(
+    0, 1000, (8, 300), dtype=torch.int32, generator=torch.Generator().manual_seed(3)
+)
 
 
 @pytest.fixture
-def inputs():
-    return torch.arange(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
+def launches(monkeypatch):
+    """Every launch of the four wrappers' kernels, ``(kind, op)``, kind "jit" or "bound"; the log's
+    once-per-process memory empty."""
+    recorded = []
+    compiled_on_cpu(monkeypatch, recorded)
+    monkeypatch.setattr(log, "_seen", set())
+    return recorded
 
 
-@pytest.mark.quick
-def test_a_second_call_launches_through_the_plan_with_the_jit_arguments(inputs):
-    prepared = []
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel, prepared=prepared)
-    call(plans, out, *inputs)
-    other = (torch.ones(5, dtype=torch.int64), torch.ones(6, dtype=torch.int64))
-    call(plans, out, *other)
-    assert len(kernel.jit_calls) == 1 and len(plans) == 1
-    assert prepared == [3], "the plan's launch checked its arguments again"
-    (launched,) = kernel.compiled.launches
-    # No launch hook to call (Triton 3.8: empty hook chains): no hooks, no launch metadata.
-    assert launched[:9] == (4, 1, 1, 77, "function", "packed", None, None, None)
-    # Every parameter, in order, tensors by address: the new inputs, then the JIT call's others.
-    assert launched[9:] == (other[0].data_ptr(), other[1].data_ptr(), out.data_ptr(), 1, 3, 4)
+def captured(round_: int = 0) -> CapturedBuffers:
+    """One backend's graph buffers, its inputs holding round ``round_``'s lengths and slots."""
+    buffers = CapturedBuffers(TABLE, max_bs=4, next_n=2, page_size=64, topk=SMALL_TOPK)
+    set_inputs(buffers, round_)
+    return buffers
 
 
-def test_with_a_launch_hook_the_plan_passes_the_hooks_and_the_kernels_launch_metadata(
-    inputs, monkeypatch
-):
-    def enter(metadata):
-        pass
-
-    knobs = launch.triton.knobs.runtime
-    monkeypatch.setattr(knobs, "launch_enter_hook", enter)
-    monkeypatch.setattr(knobs, "launch_exit_hook", None)
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel)
-    for _ in range(2):
-        call(plans, out, *inputs)
-    (launched,) = kernel.compiled.launches
-    assert launched[6:9] == (("metadata", (4, 1, 1)), enter, None)
+def set_inputs(buffers: CapturedBuffers, round_: int) -> None:
+    gen = torch.Generator().manual_seed(100 + round_)
+    buffers.seq_lens.copy_(torch.randint(0, 298, (4,), generator=gen))
+    buffers.req_pool_indices.copy_(torch.randint(0, 8, (4,), generator=gen))
 
 
-def test_a_hook_added_to_triton_3_8s_chain_is_called_with_the_launch_metadata(inputs):
-    """Triton 3.8 holds its launch hooks in chains: a hook added after the plan was made runs."""
-    chain = launch.triton.knobs.runtime.launch_exit_hook
-    if not hasattr(chain, "calls"):
-        pytest.skip(f"Triton {launch.TRITON_VERSION} has no launch hook chains")
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel)
-    call(plans, out, *inputs)
-
-    def exit_hook(metadata):
-        pass
-
-    chain.add(exit_hook)
-    try:
-        call(plans, out, *inputs)
-    finally:
-        chain.remove(exit_hook)
-    (launched,) = kernel.compiled.launches
-    assert launched[6:9] == (("metadata", (4, 1, 1)), None, chain)
+def outputs(kwargs: dict) -> dict:
+    inputs = ("seq_lens", "req_pool_indices", "extend_seq_lens", "req_to_token")
+    return {
+        n: t.clone() for n, t in kwargs.items() if isinstance(t, torch.Tensor) and n not in inputs
+    }
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        lambda s, r: (s.int(), r),
-        lambda s, r: (s[::2], r),
-        lambda s, r: (s[:2], r),
-        lambda s, r: (s.view(2, 4), r),
-    ],
-    ids=["dtype", "stride", "too-short", "2-D"],
-)
-def test_inputs_the_plan_was_not_built_for_take_the_jit_path(inputs, change):
-    prepared = []
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel, prepared=prepared)
-    call(plans, out, *inputs)
-    call(plans, out, *change(*inputs))
-    assert len(kernel.jit_calls) == 2 and prepared == [3, 3]
-    assert kernel.compiled.launches == []
+def sglang_outputs(op: str, kwargs: dict) -> dict:
+    """What SGLang's kernel writes for ``kwargs``, into poisoned copies of its output buffers."""
+    copies = {n: t.clone().fill_(POISON) for n, t in outputs(kwargs).items()}
+    theirs = {n: v for n, v in kwargs.items() if n != "budget"}  # ours only
+    kernel_for(op, "sglang")(**{**theirs, **copies})
+    return copies
 
 
-def test_an_input_that_is_not_a_tensor_gets_the_checks_error_not_the_plan(inputs):
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel)
-    call(plans, out, *inputs)
-    with pytest.raises(TypeError, match="req_pool_indices must be a torch.Tensor"):
-        call(plans, out, inputs[0], "not a tensor")
-    assert kernel.compiled.launches == []
+def poison(kwargs: dict) -> None:
+    for tensor in outputs(kwargs):
+        kwargs[tensor].fill_(POISON)
 
 
-def test_a_plan_is_dropped_when_one_of_its_buffers_is_freed(inputs):
-    kernel = FakeKernel()
-    plans = make_plans(kernel)
-    out = torch.zeros(4, dtype=torch.int32)
-    call(plans, out, *inputs)
-    assert len(plans) == 1
-    del out
-    gc.collect()
-    assert len(plans) == 0
-
-
-def test_another_device_takes_the_jit_path(inputs):
-    device = [-1]
-    driver = SimpleNamespace(get_current_device=lambda: device[0], get_current_stream=lambda d: 0)
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel, driver)
-    call(plans, out, *inputs)
-    device[0] = 1
-    call(plans, out, *inputs)
-    assert len(kernel.jit_calls) == 2 and kernel.compiled.launches == []
-
-
-def test_no_plan_without_a_compiled_kernel(inputs):
-    """Triton's interpreter returns no compiled kernel: every call takes the JIT path."""
-    kernel, out = FakeKernel(compiled=False), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel)
-    for _ in range(2):
-        call(plans, out, *inputs)
-    assert len(kernel.jit_calls) == 2 and len(plans) == 0
-
-
-def test_a_triton_release_outside_the_known_launchers_takes_the_jit_path(inputs, monkeypatch):
-    """The launcher's arguments are Triton's private interface: another release never gets a plan."""
-    monkeypatch.setattr(launch, "DIRECT_LAUNCH", False)
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel)
-    for _ in range(2):
-        call(plans, out, *inputs)
-    assert len(kernel.jit_calls) == 2 and len(plans) == 0
-    assert kernel.compiled.launches == []
-
-
-@pytest.mark.parametrize(
-    "version, direct",
-    [
-        ("3.3.1", False),
-        ("3.4.0", True),
-        ("3.5.1", True),
-        ("3.6.0", True),
-        ("3.7.0", True),
-        ("3.8.0+git1234abcd", True),
-        ("3.9.0", False),
-        ("3.10.0", False),
-        ("4.0.0", False),
-    ],
-)
-def test_plans_launch_directly_on_triton_3_4_to_3_8_only(triton_release, version, direct):
-    assert triton_release(version).DIRECT_LAUNCH is direct
-
-
-def test_plans_past_the_cap_are_dropped_and_rebuilt(inputs, monkeypatch):
-    monkeypatch.setattr(launch, "MAX_PLANS", 2)
-    kernel = FakeKernel()
-    plans = make_plans(kernel)
-    outs = [torch.zeros(4, dtype=torch.int32) for _ in range(3)]
-    for out in outs:
-        call(plans, out, *inputs)
-    assert len(plans) == 1
-    call(plans, outs[2], *inputs)
-    assert len(kernel.jit_calls) == 3 and len(kernel.compiled.launches) == 1
+def assert_outputs(kwargs: dict, expected: dict, what: str) -> None:
+    for name, tensor in expected.items():
+        if name != "real_page_table" or kwargs["physical_page_size"] > 1:
+            assert torch.equal(kwargs[name], tensor), f"{what}: {name} differs"
 
 
 # ------------------------------------------------------------------------------------------------
-# Specialization twins (the warm-up's buffers)
+# Binding and the launches through a bound launch
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("op", OPS)
+def test_a_bound_launch_launches_later_calls_with_its_buffers_as_sglangs_kernel_writes(
+    op, launches
+):
+    buffers = captured()
+    kwargs = buffers.replay_kwargs(op, BS)
+    bound, why = WRAPPERS[op].binder.bind(**kwargs)
+    assert bound is not None and bound.launcher == TRITON_LAUNCH
+    assert why.startswith(f"{TRITON_LAUNCH}: {C_LAUNCH} not chosen (LookupError") and why.endswith(
+        "the probe matched"
+    )
+    what = WRAPPERS[op].binder.what
+    assert launches == [("bound", what), ("jit", what)]  # the probe's, on twin buffers
+    launches.clear()
+    for round_ in range(1, 3):
+        set_inputs(buffers, round_)
+        expected = sglang_outputs(op, kwargs)
+        poison(kwargs)
+        assert bound(kwargs)
+        assert_outputs(kwargs, expected, f"round {round_}")
+    assert launches == [("bound", what)] * 2
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_inputs_placed_at_other_parameters_are_refused_before_any_launch(op, launches, monkeypatch):
+    """The check before any launch: a planted mapping that places the inputs in reverse order."""
+
+    def reversed_slots(arg_names, inputs):
+        return tuple(zip(inputs, reversed([arg_names.index(name) for name in inputs])))
+
+    monkeypatch.setattr(launch, "input_slots", reversed_slots)
+    bound, why = WRAPPERS[op].binder.bind(**captured().replay_kwargs(op, BS))
+    assert bound is None and why.startswith(f"{JIT}: the input seq_lens would be placed at the")
+    assert launches == []
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_launch_binding_its_inputs_in_reverse_order_fails_the_probe_and_the_wrapper_serves(
+    op, launches, monkeypatch, caplog
+):
+    """A planted bound launch that places its inputs in reverse order past the check: the probe's
+    outputs differ from Triton's JIT for every launcher, so nothing is bound, the Fallback logs why
+    and its calls go through the wrapper, writing what SGLang's kernel writes."""
+    init = BoundLaunch.__init__
+
+    def reversed_init(self, binder, kwargs, bound_launch, slots, launcher):
+        names, positions = zip(*slots)
+        init(self, binder, kwargs, bound_launch, tuple(zip(names, positions[::-1])), launcher)
+
+    monkeypatch.setattr(BoundLaunch, "__init__", reversed_init)
+    buffers = captured()
+    kwargs = buffers.replay_kwargs(op, BS)
+    guarded = Fallback(WRAPPERS[op], lambda **kw: None, what=op)
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        guarded.warm_up(**kwargs)
+    assert guarded.bound == {} and guarded.failed == set()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert caplog.records[0].levelno == logging.INFO
+    assert f"{op} launches bound at capture: {JIT}: {C_LAUNCH} not chosen" in line
+    assert f"{TRITON_LAUNCH} not chosen (cache_seqlens differs from Triton's JIT)" in line
+    what = WRAPPERS[op].binder.what
+    launches.clear()
+    expected = sglang_outputs(op, kwargs)
+    poison(kwargs)
+    guarded(**kwargs)
+    assert launches == [("jit", what)]
+    assert_outputs(kwargs, expected, "through the wrapper")
+
+
+def _writes_nothing(compiled, grid):
+    return lambda arguments: None
+
+
+def _swaps_the_first_two_arguments(compiled, grid):
+    real = launch.triton_launch(compiled, grid)
+    return lambda arguments: real([arguments[1], arguments[0], *arguments[2:]])
+
+
+def _raises(compiled, grid):
+    def launch_(arguments):
+        raise RuntimeError("the C launch failed")
+
+    return launch_
+
+
+@pytest.mark.parametrize(
+    "fake, why",
+    [
+        (_writes_nothing, "cache_seqlens differs from Triton's JIT"),
+        (_swaps_the_first_two_arguments, "cache_seqlens differs from Triton's JIT"),
+        (_raises, "RuntimeError: the C launch failed"),
+    ],
+    ids=["writes-nothing", "inputs-swapped", "raises"],
+)
+def test_a_c_launch_that_writes_otherwise_than_the_jit_is_not_chosen(
+    fake, why, launches, monkeypatch, caplog
+):
+    """The probe's mismatch branch: Triton's own launch is bound instead, and the log says why,
+    once."""
+    monkeypatch.setattr(launch, "LAUNCHERS", ((C_LAUNCH, fake), launch.LAUNCHERS[1]))
+    guarded = Fallback(WRAPPERS["decode"], lambda **kw: None, what="decode")
+    with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
+        for bs in (BS, BS):
+            guarded.warm_up(**captured().replay_kwargs("decode", bs))
+    assert guarded.bound[BS].launcher == TRITON_LAUNCH
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"{TRITON_LAUNCH}: {C_LAUNCH} not chosen ({why}); the probe matched" in line
+
+
+def test_a_c_launch_that_writes_what_the_jit_writes_is_chosen(launches, monkeypatch):
+    monkeypatch.setattr(launch, "LAUNCHERS", ((C_LAUNCH, launch.triton_launch), *launch.LAUNCHERS))
+    bound, why = WRAPPERS["decode"].binder.bind(**captured().replay_kwargs("decode", BS))
+    assert bound.launcher == C_LAUNCH and why == f"{C_LAUNCH}: the probe matched"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_probe_inputs_differ_from_each_other_in_every_entry_and_stay_in_range(op):
+    kwargs = captured().replay_kwargs(op, BS)
+    binder = WRAPPERS[op].binder
+    prepared = binder.prepare(binder.arguments(kwargs))
+    inputs = launch.probe_inputs(binder, kwargs, prepared)
+    assert set(inputs) == {"seq_lens", "req_pool_indices"}
+    seq, slots = inputs["seq_lens"], inputs["req_pool_indices"]
+    limit = min(TABLE.shape[0], kwargs.get("max_len", kwargs.get("max_seqlen_k")))
+    assert (seq != slots).all() and (seq >= 0).all() and (slots >= 0).all()
+    assert (seq < limit).all() and (slots < limit).all()
+    if "extend_seq_lens" in kwargs:
+        extend = kwargs["extend_seq_lens"]
+        assert (seq[:BS] != extend).all() and (slots[:BS] != extend).all()
+    for name, tensor in inputs.items():
+        assert (tensor.dtype, tensor.stride()) == (kwargs[name].dtype, kwargs[name].stride())
+
+
+@pytest.mark.parametrize(
+    "kwargs, why",
+    [
+        (lambda: captured().replay_kwargs("decode", 0), f"{JIT}: the call needs no kernel"),
+        (
+            lambda: captured().replay_kwargs("decode", BS),
+            f"{JIT}: Triton compiles nothing here (its interpreter)",
+        ),
+    ],
+    ids=["bs-0", "interpreter"],
+)
+def test_a_call_without_a_compiled_kernel_binds_nothing(kwargs, why):
+    assert WRAPPERS["decode"].binder.bind(**kwargs()) == (None, why)
+
+
+def test_binding_inside_a_cuda_stream_capture_is_refused(launches, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="outside CUDA-graph capture"):
+        WRAPPERS["decode"].binder.bind(**captured().replay_kwargs("decode", BS))
+    assert launches == []
+
+
+def test_a_wrapper_without_a_parameter_for_a_kernel_input_is_an_error_naming_it():
+    def wrapper(seq_lens, out, bs):
+        """No req_pool_indices."""
+
+    kernel = SimpleNamespace(arg_names=["seq_lens", "req_pool_indices", "out"])
+    with pytest.raises(ValueError, match=r"wrapper has no parameter for the kernel inputs \['req"):
+        launch.Binder("x", kernel, 2, lambda a: None, wrapper)
+
+
+# ------------------------------------------------------------------------------------------------
+# What a bound launch takes: the bound buffers and scalars, inputs of the bound layout
+# ------------------------------------------------------------------------------------------------
+
+
+def _changes(kwargs: dict) -> dict:
+    seq_lens = kwargs["seq_lens"]
+    return {
+        "another tensor": {"cache_seqlens": kwargs["cache_seqlens"].clone()},
+        "another scalar": {"dsa_index_topk": kwargs["dsa_index_topk"] + 1},
+        "a scalar of another type": {"physical_page_size": float(kwargs["physical_page_size"])},
+        "input of another dtype": {"seq_lens": seq_lens.to(torch.int32)},
+        "input with another stride": {"seq_lens": seq_lens.repeat_interleave(2)[::2]},
+        "input too short": {"seq_lens": seq_lens[: BS - 1]},
+        "input not a tensor": {"seq_lens": seq_lens.tolist()},
+        "another keyword": {"budget": None},
+    }
+
+
+@pytest.mark.parametrize("change", list(_changes(captured().replay_kwargs("decode", BS))))
+def test_a_call_with_other_arguments_launches_nothing_bound_and_the_wrapper_takes_it(
+    change, launches
+):
+    buffers = captured()
+    kwargs = buffers.replay_kwargs("decode", BS)
+    guarded = Fallback(WRAPPERS["decode"], lambda **kw: ("sglang", kw), what="decode")
+    guarded.warm_up(**kwargs)
+    changed = {**kwargs, **_changes(kwargs)[change]}
+    launches.clear()
+    assert not guarded.bound[BS](changed) and launches == []
+    if change in ("input too short", "input not a tensor", "a scalar of another type"):
+        assert guarded(**changed)[0] == "sglang"  # the wrapper's checks raise: SGLang's kernel
+        assert launches == [] and guarded.failed == {BS}
+        return
+    expected = sglang_outputs("decode", changed)
+    poison(changed)
+    assert guarded(**changed) is None
+    assert launches == [("jit", "decode")]
+    assert_outputs(changed, expected, change)
+    launches.clear()
+    guarded(**kwargs)  # the bound buffers again
+    assert launches == [("bound", "decode")]
+
+
+# ------------------------------------------------------------------------------------------------
+# The C launch beneath Triton's CUDA launcher
+# ------------------------------------------------------------------------------------------------
+
+
+def cuda_launcher(recorded: list, *, scratch: int = 0, layout: str = "3.8"):
+    """Triton's own ``CudaLauncher`` class (the installed release's), made without compiling
+    anything: its C ``launch`` records what it is given; ``layout`` "3.6" without the attributes
+    Triton 3.8 added."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    launcher = object.__new__(CudaLauncher)
+    launcher.num_ctas = 1
+    launcher.global_scratch_size, launcher.global_scratch_align = scratch, 1
+    launcher.profile_scratch_size, launcher.profile_scratch_align = 0, 1
+    launcher.launch_cooperative_grid, launcher.launch_pdl = False, True
+    launcher.gsan_enabled = False
+    if layout == "3.8":
+        launcher.arg_annotations, launcher.kernel_signature = ["annotations"], b"signature"
+    launcher.launch = lambda *args: recorded.append(args)
+    return launcher
+
+
+class FakeCompiled:
+    """A compiled kernel with the launcher ``run``; ``compiled[grid]`` records a launch."""
+
+    function, packed_metadata = "function", "packed"
+
+    def __init__(self, run):
+        self.run, self.launches = run, []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launches.append((grid, args))
+
+
+@pytest.fixture
+def cuda_driver(monkeypatch):
+    """Triton's active driver and the current device, as on device 0 with stream 77."""
+    driver = SimpleNamespace(get_current_stream=lambda device: 77 + device)
+    monkeypatch.setattr(launch.triton.runtime.driver, "_active", driver)
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+
+
+ARGS = ["seq_lens", "req_pool_indices", 16, 3]
+
+
+@pytest.mark.skipif(
+    not launch.TRITON_VERSION.startswith("3.8."), reason="compares with Triton 3.8's launcher"
+)
+def test_the_c_launch_gets_what_triton_3_8s_launcher_gives_it(cuda_driver):
+    by_c, by_triton = [], []
+    launch.c_launch(FakeCompiled(cuda_launcher(by_c)), (4, 1, 1))(ARGS)
+    cuda_launcher(by_triton)(4, 1, 1, 77, "function", "packed", None, None, None, *ARGS)
+    assert by_c == by_triton and by_c[0][-1] == tuple(ARGS)
+
+
+def test_the_c_launch_of_triton_3_6s_layout_gets_the_arguments_its_launcher_adds(cuda_driver):
+    """Triton 3.6's ``CudaLauncher.__call__(grid, stream, function, *args)`` calls ``launch(grid,
+    stream, function, cooperative, pdl, global_scratch, profile_scratch, *args)`` (read in its
+    source; the installed Triton may be another release, so the layout is written out)."""
+    recorded = []
+    launch.c_launch(FakeCompiled(cuda_launcher(recorded, layout="3.6")), (4, 1, 1))(ARGS)
+    head = (4, 1, 1, 77, "function", False, True, None, None, "packed", None, None, None)
+    assert recorded == [(*head, *ARGS)]
+
+
+@pytest.mark.parametrize(
+    "make, why",
+    [
+        (lambda: cuda_launcher([], scratch=64), "allocates memory per launch"),
+        (lambda: SimpleNamespace(), "the launcher is a SimpleNamespace, not Triton's CudaLauncher"),
+    ],
+    ids=["scratch-memory", "another-launcher"],
+)
+def test_no_c_launch_is_made_of_a_launcher_that_allocates_or_is_not_tritons(make, why, cuda_driver):
+    with pytest.raises(LookupError, match=why):
+        launch.c_launch(FakeCompiled(make()), (4, 1, 1))
+
+
+def test_while_a_launch_hook_is_set_the_c_launch_goes_through_tritons_launch(
+    cuda_driver, monkeypatch
+):
+    recorded = []
+    compiled = FakeCompiled(cuda_launcher(recorded))
+    c_launch = launch.c_launch(compiled, (4, 1, 1))
+    monkeypatch.setattr(launch.triton.knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    c_launch(ARGS)
+    assert recorded == [] and compiled.launches == [((4, 1, 1), tuple(ARGS))]
+
+
+# ------------------------------------------------------------------------------------------------
+# Twin buffers
 # ------------------------------------------------------------------------------------------------
 
 
@@ -270,323 +420,12 @@ def test_a_twin_matches_dtype_shape_strides_and_alignment(make):
     assert not twin.any()
 
 
-def test_a_shared_rows_twin_keeps_the_column_stride_in_one_row_of_storage():
+@pytest.mark.parametrize("row_stride", [0, 40])
+def test_a_twin_with_another_row_stride_keeps_the_column_stride_and_alignment(row_stride):
     table = torch.full((50, 300), 7, dtype=torch.int32)[:, 1:]
-    twin = specialization_twin(table, shared_rows=True)
-    assert twin.shape == table.shape and twin.stride() == (0, 1)
+    twin = specialization_twin(table, row_stride=row_stride)
+    assert twin.shape == table.shape and twin.stride() == (row_stride, 1)
     assert twin.data_ptr() % 16 == table.data_ptr() % 16
-    assert twin.untyped_storage().nbytes() < 2 * 300 * 4
+    assert twin.untyped_storage().nbytes() < (49 * row_stride + 2 * 300) * 4
     twin[3, 5] = 1
-    assert twin[0, 5] == 1 and (table == 7).all()
-
-
-def test_plans_for_a_wrapper_without_the_kernel_inputs_are_an_error_naming_them():
-    def wrapper(seq_lens: torch.Tensor, out: torch.Tensor, n: int):
-        pass
-
-    with pytest.raises(
-        ValueError, match=r"no parameter for the kernel inputs \['req_pool_indices'\]"
-    ):
-        LaunchPlans(FakeKernel(), num_inputs=2, wrapper=wrapper)
-
-
-def test_a_key_takes_tensors_by_identity_scalars_by_value_and_lists_item_by_item():
-    def wrapper(
-        seq_lens: torch.Tensor,
-        req_pool_indices: torch.Tensor,
-        out: Optional[torch.Tensor],
-        n: int,
-        flag: bool,
-        outs: Sequence[tuple],
-    ):
-        pass
-
-    plans = LaunchPlans(FakeKernel(), num_inputs=2, wrapper=wrapper, tunables=lambda: (7,))
-    out, other = torch.zeros(2), torch.zeros(2)
-    arguments = dict(seq_lens=out, req_pool_indices=out, out=out, n=3, flag=True, outs=[(other,)])
-    assert plans.key(arguments) == (3, True, id(out), (1, id(other)), 7)
-    assert plans.key({**arguments, "seq_lens": other}) == plans.key(arguments)
-
-
-# ------------------------------------------------------------------------------------------------
-# What a plan reads at every launch
-# ------------------------------------------------------------------------------------------------
-
-
-def test_a_hook_set_after_the_plan_was_made_is_called_with_the_launch_metadata(inputs, monkeypatch):
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel)
-    call(plans, out, *inputs)  # the plan is made with no hook to call
-    assert len(plans) == 1
-
-    def enter(metadata):
-        pass
-
-    knobs = launch.triton.knobs.runtime
-    monkeypatch.setattr(knobs, "launch_enter_hook", enter)
-    call(plans, out, *inputs)
-    monkeypatch.undo()
-    call(plans, out, *inputs)
-    with_hook, without = kernel.compiled.launches
-    assert with_hook[6:8] == (("metadata", (4, 1, 1)), enter)
-    assert without[6:9] == (None, None, None)
-
-
-def test_the_current_stream_is_read_at_every_launch(inputs):
-    stream = [5]
-    driver = SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda d: stream[0])
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel, driver)
-    call(plans, out, *inputs)
-    for stream[0] in (6, 5, 9):
-        call(plans, out, *inputs)
-    assert [launched[3] for launched in kernel.compiled.launches] == [6, 5, 9]
-
-
-def test_a_jit_call_with_inputs_that_are_not_1_d_keeps_no_plan():
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel)
-    inputs = (torch.zeros(8, 1, dtype=torch.int64), torch.zeros(8, dtype=torch.int64))
-    for _ in range(2):
-        call(plans, out, *inputs)
-    assert len(kernel.jit_calls) == 2 and len(plans) == 0
-
-
-def test_a_plan_launch_that_raises_raises_and_is_not_launched_again(inputs):
-    """The inputs' checks passed: what raises is the launcher (or a hook), which Triton's JIT would
-    call the same way; the error goes to the caller (the per-bs fallback)."""
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    plans = make_plans(kernel)
-    call(plans, out, *inputs)
-
-    def run(*args):
-        raise RuntimeError("launch failed")
-
-    kernel.compiled.run = run
-    plans._plans[next(iter(plans._plans))].call = run
-    with pytest.raises(RuntimeError, match="launch failed"):
-        call(plans, out, *inputs)
-    assert len(kernel.jit_calls) == 1
-
-
-# ------------------------------------------------------------------------------------------------
-# The C launch beneath Triton's CUDA launcher (``native_launch``)
-# ------------------------------------------------------------------------------------------------
-
-
-def cuda_launcher(recorded: list, *, scratch: int = 0):
-    """Triton's own ``CudaLauncher`` (the installed release's class), made without compiling
-    anything: its C ``launch`` records what it is given."""
-    from triton.backends.nvidia.driver import CudaLauncher
-
-    launcher = object.__new__(CudaLauncher)
-    launcher.num_ctas = 1
-    launcher.global_scratch_size, launcher.global_scratch_align = scratch, 1
-    launcher.profile_scratch_size, launcher.profile_scratch_align = 0, 1
-    launcher.launch_cooperative_grid, launcher.launch_pdl = False, True
-    launcher.gsan_enabled = False
-    launcher.arg_annotations, launcher.kernel_signature = ["annotations"], b"signature"
-    launcher.launch = lambda *args: recorded.append(args)
-    return launcher
-
-
-def call_twice_through(launcher, inputs) -> tuple:
-    """Two calls of one key, the compiled kernel's launcher ``launcher``: the second launches
-    through the plan. Returns the kernel's arguments as the plan passes them."""
-    kernel, out = FakeKernel(), torch.zeros(4, dtype=torch.int32)
-    kernel.compiled.run = launcher
-    plans = make_plans(kernel)
-    for _ in range(2):
-        call(plans, out, *inputs)
-    return inputs[0].data_ptr(), inputs[1].data_ptr(), out.data_ptr(), 1, 3, 4
-
-
-@pytest.mark.skipif(
-    launch.TRITON_RELEASE != (3, 8), reason="compares with the installed Triton 3.8's launcher"
-)
-def test_on_triton_3_8_a_plan_gives_the_c_launch_what_the_launchers_call_gives_it(
-    inputs, monkeypatch
-):
-    monkeypatch.setattr(launch.triton.runtime.driver, "_active", SimpleNamespace())
-    by_plan, by_triton = [], []
-    args = call_twice_through(cuda_launcher(by_plan), inputs)
-    cuda_launcher(by_triton)(4, 1, 1, 77, "function", "packed", None, None, None, *args)
-    assert by_plan == by_triton and len(by_plan) == 1
-    assert by_plan[0][-1] == args  # (the kernel's arguments, one tuple)
-
-
-def test_on_triton_3_6_a_plan_gives_the_c_launch_the_arguments_its_launcher_adds(
-    inputs, monkeypatch
-):
-    """Triton 3.6's ``CudaLauncher.__call__(grid, stream, function, *args)`` calls ``launch(grid,
-    stream, function, cooperative, pdl, global_scratch, profile_scratch, *args)`` (read in its
-    source; the installed Triton may be another release, so the layout is written out)."""
-    monkeypatch.setattr(launch, "TRITON_RELEASE", (3, 6))
-    recorded = []
-    args = call_twice_through(cuda_launcher(recorded), inputs)
-    head = (4, 1, 1, 77, "function", False, True, None, None, "packed", None, None, None)
-    assert recorded == [(*head, *args)]
-
-
-@pytest.mark.parametrize("release, scratch", [((3, 7), 0), ((3, 8), 64), ((3, 6), 64)])
-def test_another_release_or_a_kernel_with_scratch_memory_calls_the_launcher(
-    inputs, monkeypatch, release, scratch
-):
-    """The launcher's ``__call__`` allocates scratch memory, and other releases' are not read."""
-    monkeypatch.setattr(launch, "TRITON_RELEASE", release)
-    native, called = [], []
-    launcher = cuda_launcher(native, scratch=scratch)
-    monkeypatch.setattr(type(launcher), "__call__", lambda self, *args: called.append(args))
-    call_twice_through(launcher, inputs)
-    assert native == [] and len(called) == 1
-    assert called[0][:9] == (4, 1, 1, 77, "function", "packed", None, None, None)
-
-
-def test_a_plan_asks_torch_for_the_current_device_without_its_lazy_init_check():
-    """Triton's driver asks ``torch.cuda.current_device``, which checks CUDA's lazy initialization
-    first; a plan exists only after a launch, so it asks ``torch._C._cuda_getDevice`` itself."""
-    torch_driver = SimpleNamespace(get_current_device=torch.cuda.current_device)
-    assert launch._current_device_getter(torch_driver) is torch._C._cuda_getDevice
-    assert launch._current_device_getter(DRIVER) is DRIVER.get_current_device
-
-
-# ------------------------------------------------------------------------------------------------
-# The planned function (``LaunchPlans.planned``) and the bound call (``launch.bind``)
-# ------------------------------------------------------------------------------------------------
-
-_PLANNED = None  # the plans of planned_wrapper (fixture planned)
-TUNED = {"tile": 1}  # the plans' tunable (as module constants are read: at every call)
-
-
-def planned_wrapper(
-    seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, out: torch.Tensor, bs: int = 3
-):
-    """A wrapper as ours are written: its body is its plans' call of its locals()."""
-    _PLANNED(locals())
-
-
-@pytest.fixture
-def planned(monkeypatch):
-    """(the plans of planned_wrapper, its kernel, the bs each check saw, the misses of a planned
-    function, that function: its misses call the wrapper; a bs of 7 is sent to them)."""
-    prepared, misses = [], []
-    kernel = FakeKernel()
-
-    def prepare(a):
-        prepared.append(a["bs"])
-        return make_plans(kernel).prepare({**a, "n": a["bs"]})
-
-    plans = LaunchPlans(
-        kernel,
-        num_inputs=2,
-        wrapper=planned_wrapper,
-        prepare=prepare,
-        tunables=lambda: (TUNED["tile"],),
-        driver=DRIVER,
-    )
-    monkeypatch.setitem(globals(), "_PLANNED", plans)
-
-    def on_miss(rest, **arguments):
-        misses.append((rest, arguments))
-        given = {k: v for k, v in arguments.items() if v is not launch.MISSING}
-        return planned_wrapper(**given, **rest)
-
-    return plans, kernel, prepared, misses, plans.planned(on_miss, unless={7})
-
-
-def test_a_planned_function_launches_through_the_plan_of_its_parameters_key(inputs, planned):
-    plans, kernel, prepared, misses, function = planned
-    out = torch.zeros(4, dtype=torch.int32)
-    kwargs = dict(seq_lens=inputs[0], req_pool_indices=inputs[1], out=out)
-    function(**kwargs)  # no plan yet: on_miss, the wrapper, its checks and the JIT
-    function(**kwargs)  # through the plan
-    function(inputs[0], inputs[1], out)  # by position: the same key
-    planned_wrapper(**kwargs)  # the wrapper finds the same plan
-    function(**kwargs, bs=5)  # another bs: another key, checked
-    assert prepared == [3, 5] and len(plans) == 2 and len(misses) == 2
-    assert [launched[0] for launched in kernel.compiled.launches] == [4, 4, 4]
-    assert function.launch_plans is plans and function.__doc__ == planned_wrapper.__doc__
-    parameters = list(inspect.signature(function).parameters)
-    assert parameters == ["seq_lens", "req_pool_indices", "out", "bs", "rest"]
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        lambda kw: kw.update(m=1),  # a keyword the wrapper does not have
-        lambda kw: kw.update(bs=7),  # a bs in unless
-        lambda kw: kw.pop("out"),  # a required argument left out: MISSING
-        lambda kw: kw.update(seq_lens="not a tensor"),  # inputs the plan does not take
-        lambda kw: kw.update(out=torch.zeros(4)),  # another buffer: another key
-    ],
-    ids=["unknown-keyword", "unless", "missing", "not-a-tensor", "other-buffer"],
-)
-def test_a_call_no_plan_takes_goes_to_on_miss_with_its_arguments(inputs, planned, change):
-    plans, kernel, _, misses, function = planned
-    out = torch.zeros(4, dtype=torch.int32)
-    kwargs = dict(seq_lens=inputs[0], req_pool_indices=inputs[1], out=out)
-    function(**kwargs)  # keeps the plan
-    misses.clear()
-    change(kwargs)
-    try:
-        function(**kwargs)
-    except (TypeError, KeyError):
-        pass  # the wrapper's binding or checks, from on_miss
-    ((rest, arguments),) = misses
-    assert rest == ({"m": 1} if "m" in kwargs else {})
-    for name in ("seq_lens", "req_pool_indices", "out"):
-        assert arguments[name] is kwargs.get(name, launch.MISSING), name
-    assert kernel.compiled.launches == []
-
-
-def test_a_planned_function_meeting_an_error_goes_to_on_miss(inputs, planned):
-    plans, kernel, _, misses, function = planned
-    out = torch.zeros(4, dtype=torch.int32)
-    function(inputs[0], inputs[1], out)
-    (plan,) = plans._plans.values()
-    plan.call = None  # the launch raises TypeError
-    misses.clear()
-    with pytest.raises(TypeError):
-        function(inputs[0], inputs[1], out)  # on_miss meets the same error
-    assert len(misses) == 1
-
-
-def test_set_unless_every_sends_every_call_to_on_miss(inputs, planned):
-    plans, kernel, _, misses, function = planned
-    out = torch.zeros(4, dtype=torch.int32)
-    function(inputs[0], inputs[1], out)
-    launch.set_unless(function, launch.EVERY)
-    function(inputs[0], inputs[1], out)
-    launch.set_unless(function, ())
-    function(inputs[0], inputs[1], out)
-    assert len(misses) == 2 and len(kernel.compiled.launches) == 2  # the wrapper's, the plan's
-
-
-def test_only_a_wrapper_whose_body_is_its_plans_call_gets_a_planned_function():
-    plans = make_plans(FakeKernel())  # plans of wrapper, whose body is its docstring
-    assert plans.planned(lambda rest, **a: None) is None
-
-
-def test_a_bound_call_launches_through_the_plan_of_its_fixed_arguments(
-    inputs, planned, monkeypatch
-):
-    plans, kernel, prepared, _, _ = planned
-    out = torch.zeros(4, dtype=torch.int32)
-    bound = launch.bind(planned_wrapper, ("seq_lens", "req_pool_indices"), out=out)
-    bound(*inputs)  # no plan: the wrapper's call, checked, JIT
-    bound(*inputs)  # the plan
-    planned_wrapper(inputs[0], inputs[1], out)  # the same key
-    assert prepared == [3] and len(kernel.compiled.launches) == 2
-    monkeypatch.setitem(TUNED, "tile", 2)  # read at every call: another key
-    bound(*inputs)
-    assert prepared == [3, 3]
-
-
-def test_binding_another_function_is_a_plain_call_by_keyword():
-    calls = []
-
-    def other(**kwargs):
-        calls.append(kwargs)
-
-    launch.bind(other, ("a", "b"), c=3)(1, 2)
-    assert calls == [{"a": 1, "b": 2, "c": 3}]
+    assert twin[0, 5 + 3 * row_stride] == 1 and (table == 7).all()

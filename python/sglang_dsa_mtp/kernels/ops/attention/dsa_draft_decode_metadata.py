@@ -31,10 +31,9 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded import (
 from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
     check_common,
     page_tables,
-    tuning,
     zero_cumsum_heads,
 )
-from sglang_dsa_mtp.kernels.ops.launch import Launch, LaunchPlans
+from sglang_dsa_mtp.kernels.ops.launch import Binder, Launch
 
 MAX_DESTINATIONS = 4  # draft step backends one launch serves (EAGLE speculative_num_steps <= 5)
 
@@ -76,7 +75,9 @@ def fused_dsa_draft_decode_metadata_multi(
     :func:`~sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_bounded.fused_dsa_decode_metadata_bounded`);
     None uses :func:`~sglang_dsa_mtp.kernels.ops.host.default_budget`.
     """
-    _PLANS(locals())
+    launch = _one_launch(locals())
+    if launch is not None:
+        bounded_decode_metadata_kernel[launch.grid](**launch.arguments, **launch.options)
 
 
 def _one_launch(a: Mapping[str, Any]) -> Optional[Launch]:
@@ -105,12 +106,12 @@ def _one_launch(a: Mapping[str, Any]) -> Optional[Launch]:
     return decode_launch(a, width, [d._asdict() for d in destinations], tables)
 
 
-_PLANS = LaunchPlans(
+ONE_LAUNCH_BINDER = Binder(
+    "MTP one launch",
     bounded_decode_metadata_kernel,
-    num_inputs=2,
-    wrapper=fused_dsa_draft_decode_metadata_multi,
-    prepare=_one_launch,
-    tunables=tuning,
+    2,
+    _one_launch,
+    fused_dsa_draft_decode_metadata_multi,
 )
 
 

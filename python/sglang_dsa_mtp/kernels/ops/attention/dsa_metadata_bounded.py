@@ -33,11 +33,10 @@ from sglang_dsa_mtp.kernels.ops.attention.dsa_metadata_common import (
     store_decode_seqlens,
     store_expanded_seqlens,
     store_request_seqlens,
-    tuning,
     zero_cumsum_heads,
 )
 from sglang_dsa_mtp.kernels.ops.host import PROGRAMS_PER_SM, next_power_of_2
-from sglang_dsa_mtp.kernels.ops.launch import Launch, LaunchPlans
+from sglang_dsa_mtp.kernels.ops.launch import Binder, Launch
 
 # Defaults that depend on the batch size (never on the live lengths; the budget exploration in
 # docs/results.md): the decode replay of 16 requests or more takes 8 programs per SM without a
@@ -173,7 +172,9 @@ def fused_dsa_decode_metadata_bounded(
     ``physical_page_size > 1`` (only ``real_page_table`` is written); with page size 1
     ``real_page_table`` is ``page_table_1``.
     """
-    _DECODE_PLANS(locals())
+    launch = _decode_launch(locals())
+    if launch is not None:
+        bounded_decode_metadata_kernel[launch.grid](**launch.arguments, **launch.options)
 
 
 def _decode_launch(a: Mapping[str, Any]) -> Optional[Launch]:
@@ -219,12 +220,8 @@ def decode_launch(
     )
 
 
-_DECODE_PLANS = LaunchPlans(
-    bounded_decode_metadata_kernel,
-    num_inputs=2,
-    wrapper=fused_dsa_decode_metadata_bounded,
-    prepare=_decode_launch,
-    tunables=tuning,
+_DECODE = Binder(
+    "decode", bounded_decode_metadata_kernel, 2, _decode_launch, fused_dsa_decode_metadata_bounded
 )
 # A decode destination's length vectors, as the decode kernel and its wrapper name them.
 LENGTH_VECTORS = ("cache_seqlens", "cu_seqlens_k", "dsa_cache_seqlens", "dsa_cu_seqlens_k")
@@ -395,7 +392,9 @@ def fused_dsa_target_verify_metadata_bounded(
     Each request's ``next_n`` expanded page-table rows are written from one read of its
     ``req_to_token`` row. ``budget`` as in :func:`fused_dsa_decode_metadata_bounded`.
     """
-    _VERIFY_PLANS(locals())
+    launch = _verify_launch(locals())
+    if launch is not None:
+        _bounded_target_verify_metadata_kernel[launch.grid](**launch.arguments, **launch.options)
 
 
 def _verify_launch(a: Mapping[str, Any]) -> Optional[Launch]:
@@ -438,12 +437,12 @@ def _verify_launch(a: Mapping[str, Any]) -> Optional[Launch]:
     )
 
 
-_VERIFY_PLANS = LaunchPlans(
+_VERIFY = Binder(
+    "target verify",
     _bounded_target_verify_metadata_kernel,
-    num_inputs=2,
-    wrapper=fused_dsa_target_verify_metadata_bounded,
-    prepare=_verify_launch,
-    tunables=tuning,
+    2,
+    _verify_launch,
+    fused_dsa_target_verify_metadata_bounded,
 )
 
 
@@ -600,7 +599,9 @@ def fused_dsa_draft_extend_metadata_bounded(
     Each request's ``extend_seq_lens[r]`` page-table rows (at most ``next_power_of_2(max_extend_len)``,
     as in SGLang) are written from one read of its ``req_to_token`` row.
     """
-    _DRAFT_EXTEND_PLANS(locals())
+    launch = _draft_extend_launch(locals())
+    if launch is not None:
+        _bounded_draft_extend_metadata_kernel[launch.grid](**launch.arguments, **launch.options)
 
 
 def _draft_extend_launch(a: Mapping[str, Any]) -> Optional[Launch]:
@@ -647,10 +648,10 @@ def _draft_extend_launch(a: Mapping[str, Any]) -> Optional[Launch]:
     )
 
 
-_DRAFT_EXTEND_PLANS = LaunchPlans(
+_DRAFT_EXTEND = Binder(
+    "draft extend",
     _bounded_draft_extend_metadata_kernel,
-    num_inputs=3,
-    wrapper=fused_dsa_draft_extend_metadata_bounded,
-    prepare=_draft_extend_launch,
-    tunables=tuning,
+    3,
+    _draft_extend_launch,
+    fused_dsa_draft_extend_metadata_bounded,
 )

@@ -34,12 +34,6 @@ NUM_WARPS = 4
 NUM_STAGES = 3  # software-pipelined tile loads in each program's loop
 
 
-def tuning() -> tuple:
-    """The module constants a launch depends on (benchmarks and tests override them): part of
-    every launch plan's key."""
-    return BLOCK_N, TILE_N, NUM_STAGES, NUM_WARPS
-
-
 def bounded_num_programs(requests: int, width: int, budget: int) -> int:
     """Tile programs of a launch: the budget, or fewer where the batch cannot have that many
     tiles (``requests * cdiv(width, TILE_N)``); at least one. Never depends on live lengths."""

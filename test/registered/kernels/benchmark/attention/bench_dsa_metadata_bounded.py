@@ -24,14 +24,14 @@ rounds), each arm called as the server calls it, on the same buffers at every ca
 
 * decode, target verify, draft extend: ``sglang`` is SGLang's kernel wrapper with the keyword
   arguments of its replay; ``ours`` is what the plugin puts in its place, our wrapper behind the
-  per-bs fallback (``integration.fallback.Fallback``), with the same arguments;
+  per-bs fallback (``integration.fallback.Fallback``), its launch bound by its warm-up as at the
+  capture of the bs, with the same arguments;
 * ``draft_decode`` (the MTP draft-decode replay, ``--steps`` step backends): ``sglang`` is its
   precompute (a ``torch.empty`` scratch and SGLang's decode kernel) plus the copies into every step
   backend, one ``torch._foreach_copy_`` standing in for SGLang's JIT copy kernel (not on a machine
   running from SGLang's files); ``sglang precompute`` is the precompute alone, a floor for SGLang's
-  arm whatever its copy costs; ``ours`` is the one launch as the plugin's replay calls it, every
-  argument but the two inputs bound once (``launch.bind``, as the plugin binds them at the capture
-  of the bs).
+  arm whatever its copy costs; ``ours`` is the one launch as the plugin's replay calls it, through
+  the launch bound once (``launch.Binder.bind``, as the plugin binds it at the capture of the bs).
 
     python .../bench_dsa_metadata_bounded.py --host --live 1024 --bs 1,4,16 \
         --ops decode,verify,draft_extend,draft_decode
@@ -68,10 +68,10 @@ import triton
 from sglang_dsa_mtp.integration.fallback import Fallback
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
+    ONE_LAUNCH_BINDER,
     fused_dsa_draft_decode_metadata_multi,
 )
 from sglang_dsa_mtp.kernels.ops.host import default_budget
-from sglang_dsa_mtp.kernels.ops.launch import bind
 from support.bench_cli import (
     add_mixed_argument,
     add_timing_arguments,
@@ -149,6 +149,7 @@ def host_calls(op, case, out, steps: int) -> dict:
     if op != "draft_decode":
         sglang = kernel_for(case.op, "sglang")
         ours = Fallback(kernel_for(case.op, "bounded"), sglang, what=case.op)
+        ours.warm_up(**kwargs)  # binds the launch, as at the capture of the bs
         return {
             "sglang": written_call(sglang, kwargs),
             "ours": written_call(ours.installed, kwargs),
@@ -159,18 +160,21 @@ def host_calls(op, case, out, steps: int) -> dict:
         scratch = stock_scratch(case)
         kernel_for("decode", "sglang")(**case.kwargs(scratch))
 
-    # The plugin's replay: the arguments but the inputs bound once, at the capture of the bs.
-    fixed = {
-        name: value
-        for name, value in draft_decode_multi_kwargs(case, outs).items()
-        if name not in ("seq_lens", "req_pool_indices")
-    }
+    # The plugin's replay (``write_draft_decode_metadata``): the launch bound at the capture of
+    # the bs, else the wrapper.
+    kwargs = draft_decode_multi_kwargs(case, outs)
+    bound, _ = ONE_LAUNCH_BINDER.bind(**kwargs)
+    fixed = {n: v for n, v in kwargs.items() if n not in ("seq_lens", "req_pool_indices")}
 
-    bound = bind(fused_dsa_draft_decode_metadata_multi, ("seq_lens", "req_pool_indices"), **fixed)
+    def ours():
+        call = dict(fixed, seq_lens=case.seq_lens, req_pool_indices=case.req_pool_indices)
+        if bound is None or not bound(call):
+            fused_dsa_draft_decode_metadata_multi(**call)
+
     return {
         "sglang": functools.partial(run_stock_draft_decode, case, outs, foreach=True),
         "sglang precompute": precompute,
-        "ours": functools.partial(bound, case.seq_lens, case.req_pool_indices),
+        "ours": ours,
     }
 
 

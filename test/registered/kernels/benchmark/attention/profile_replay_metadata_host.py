@@ -1,24 +1,25 @@
 """Where the host microseconds of a replay-metadata call go: each part of our call timed alone.
 
 For each op (decode, target verify, draft extend, the MTP one launch into ``--steps`` step backends)
-at each batch size, on SGLang's graph buffers of that batch size, called as the server calls it (the
-three ops: SGLang's keyword arguments, each one written in the call as SGLang's replay writes it, at
-what the selection hook installs, ``Fallback.installed``; the MTP one launch: the function its
-capture binds, ``launch.bind``, called with the two inputs): the whole call, then its parts, each
+at each batch size, on SGLang's graph buffers of that batch size, its launch bound as at the capture
+of the batch size (``Fallback.warm_up``; the MTP one launch: ``launch.Binder.bind``), called as the
+server calls it (the three ops: SGLang's keyword arguments, each one written in the call as SGLang's
+replay writes it, at what the selection hook installs, ``Fallback.installed``; the MTP one launch:
+its replay's keyword arguments, through its bound launch): the whole call, then its parts, each
 timed alone in a loop (the best of ``--rounds`` rounds of ``--calls`` calls, microseconds per call):
 
-* ``wrapper``: our wrapper called directly (the keyword binding, its ``locals()``, its plans' call);
-* ``key``: ``LaunchPlans.key`` of the call's arguments by name (the installed function computes the
-  same key from its parameters);
-* ``lookup``: the plan's dict lookup by that key;
-* ``plan launch``: ``_Plan.launch`` (the inputs' checks, the arguments packed, the launcher called);
-* ``launcher``: what the plan calls to launch, alone, with the packed arguments: on Triton 3.6 and 3.8
-  the C launch beneath Triton's compiled-kernel launcher (``launch.native_launch``), else that
-  launcher;
-* ``Triton's launcher``: the compiled kernel's launcher (its Python ``__call__`` included), alone.
+* ``wrapper``: our wrapper called directly (its checks, its grid, Triton's JIT);
+* ``bound launch``: the bound launch's call (its checks of the arguments, the inputs placed, the
+  launcher called);
+* ``launcher``: what the bound launch calls to launch, alone, with the arguments placed (the
+  launcher its probe chose: the C launch beneath Triton's compiled-kernel launcher, or Triton's
+  launch of the compiled kernel);
+* ``Triton's launch``: Triton's launch of the compiled kernel (``compiled[grid](*arguments)``),
+  alone.
 
-On a GPU the launcher is Triton's; on a CPU (no GPU present) the plans are made as on a GPU with a
-launcher that does nothing (``support.launch_stubs``): the Python of our call, without Triton's.
+On a GPU the launches are Triton's; on a CPU (no GPU present) the launches are bound as on a GPU
+through stand-ins that do nothing once bound (``support.launch_stubs``): the Python of our call,
+without Triton's.
 
     python test/registered/kernels/benchmark/attention/profile_replay_metadata_host.py --bs 1,16,48
 """
@@ -32,8 +33,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 import argparse
-import functools
-import inspect
 import time
 
 from sglang_dsa_mtp.devices import select_device
@@ -43,18 +42,16 @@ DEVICE = select_device()  # before Triton is imported: on a CPU, Triton's interp
 import torch
 
 from sglang_dsa_mtp.integration.fallback import Fallback
-from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import (
-    fused_dsa_draft_decode_metadata_multi,
-)
-from sglang_dsa_mtp.kernels.ops.launch import bind
+from sglang_dsa_mtp.kernels.ops.attention.dsa_draft_decode_metadata import ONE_LAUNCH_BINDER
+from sglang_dsa_mtp.kernels.ops.launch import triton_launch
 from support.bench_cli import markdown_header, markdown_row, parse_list
 from support.constants import SMALL_WIDTH, WIDTH_1M
-from support.launch_stubs import ALL_PLANS, Patches, planned_on_cpu
+from support.launch_stubs import Patches, compiled_on_cpu
 from support.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
 from support.timing import written_call
 
 OPS = ("decode", "verify", "draft_extend", "mtp")
-PARTS = ("key", "lookup", "plan launch", "launcher", "Triton's launcher")
+PARTS = ("bound launch", "launcher", "Triton's launch")
 
 
 def best_us(fn, calls: int, rounds: int) -> float:
@@ -71,56 +68,59 @@ def best_us(fn, calls: int, rounds: int) -> float:
     return best
 
 
-def call_of(op, buffers, bs):
-    """(our wrapper, its plans, the keyword arguments of the server's call at ``bs``)."""
+def profile(op, buffers, bs: int, calls: int, rounds: int) -> dict:
+    """Microseconds per call of our whole call of ``op`` at ``bs`` and of each of its parts."""
     if op == "mtp":
         first = buffers[0]
         kwargs = one_launch_kwargs(buffers, bs, first.seq_lens[:bs], first.req_pool_indices[:bs])
-        return ALL_PLANS[3], kwargs
-    plans = ALL_PLANS[OPS.index(op)]
-    return plans, buffers[0].replay_kwargs(op, bs)
+        binder = ONE_LAUNCH_BINDER
+        bound, why = binder.bind(**kwargs)
+        fixed = {n: v for n, v in kwargs.items() if n not in binder.inputs}
 
+        def call():  # as the one launch's replay calls it (write_draft_decode_metadata)
+            bound(
+                dict(
+                    fixed,
+                    seq_lens=first.seq_lens[:bs],
+                    req_pool_indices=first.req_pool_indices[:bs],
+                )
+            )
 
-def profile(op, plans, kwargs, calls: int, rounds: int) -> dict:
-    """Microseconds per call of our whole call of ``op`` and of each of its parts."""
-    ours = kernel_for(op, "bounded") if op != "mtp" else fused_dsa_draft_decode_metadata_multi
-    parameters = inspect.signature(ours).parameters
-    arguments = {name: kwargs.get(name, p.default) for name, p in parameters.items()}
-    ours(**kwargs)  # the JIT path: keeps the plan
-    key = plans.key(arguments)
-    plan = plans._plans[key]
-    inputs = plans._inputs(arguments)
-    args = (*map(torch.Tensor.data_ptr, inputs), *plan.rest)
-    stream = plan.get_stream(plan.device)
-    if op == "mtp":
-        fixed = {name: v for name, v in kwargs.items() if name not in plans.input_names}
-        bound = bind(ours, plans.input_names, **fixed)
-        call = functools.partial(bound, *(kwargs[name] for name in plans.input_names))
     else:
-        call = written_call(Fallback(ours, ours, what=op).installed, kwargs)
-
-    def launcher():
-        if plan.args_as_tuple:
-            plan.call(*plan.grid, stream, *plan.before, None, None, None, *plan.after, args)
-        else:
-            plan.call(*plan.grid, stream, *plan.before, None, None, None, *plan.after, *args)
-
-    def triton_launcher():
-        compiled = plan.compiled
-        compiled.run(
-            *plan.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args
-        )
-
+        kwargs = buffers[0].replay_kwargs(op, bs)
+        ours = kernel_for(op, "bounded")
+        fallback = Fallback(ours, ours, what=op)
+        fallback.warm_up(**kwargs)
+        binder, bound = ours.binder, fallback.bound.get(bs)
+        why = "its warm-up logged why"
+        call = written_call(fallback.installed, kwargs)
+    if bound is None:
+        raise RuntimeError(f"{op} at bs {bs}: no launch bound ({why})")
+    set_running(False)
+    prepared = binder.prepare(binder.arguments(kwargs))
+    compiled = binder.kernel.warmup(grid=prepared.grid, **prepared.arguments, **prepared.options)
+    grid = tuple(prepared.grid) + (1,) * (3 - len(prepared.grid))
+    arguments = [prepared.arguments[name] for name in binder.kernel.arg_names]
+    triton = triton_launch(compiled, grid)
     parts = {
         "call": call,
-        "wrapper": lambda: ours(**kwargs),
-        "key": lambda: plans.key(arguments),
-        "lookup": lambda: plans._plans.get(key),
-        "plan launch": lambda: plan.launch(inputs),
-        "launcher": launcher,
-        "Triton's launcher": triton_launcher,
+        "wrapper": lambda: binder.wrapper(**kwargs),
+        "bound launch": lambda: bound(kwargs),
+        "launcher": lambda: bound._launch(arguments),
+        "Triton's launch": lambda: triton(arguments),
     }
-    return {name: best_us(fn, calls, rounds) for name, fn in parts.items()}
+    times = {name: best_us(fn, calls, rounds) for name, fn in parts.items()}
+    set_running(True)
+    return times
+
+
+_STAND_INS: dict = {}  # on a CPU: the stand-in kernels by op (``support.launch_stubs``)
+
+
+def set_running(runs: bool) -> None:
+    """On a CPU, whether the stand-in kernels run (binding probes them) or do nothing (timing)."""
+    for stand_in in _STAND_INS.values():
+        stand_in.runs = runs
 
 
 def main(argv=None) -> int:
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     print(markdown_header(["op", "bs", "call", "wrapper", *PARTS, "call / floor"]))
     with Patches() as patches:
         if DEVICE.type != "cuda":
-            planned_on_cpu(patches, None)
+            _STAND_INS.update(compiled_on_cpu(patches, None))
         for op in OPS:
             for bs in batch_sizes:
                 buffers = [
@@ -158,8 +158,7 @@ def main(argv=None) -> int:
                     )
                     for _ in range(args.steps if op == "mtp" else 1)
                 ]
-                plans, kwargs = call_of(op, buffers, bs)
-                times = profile(op, plans, kwargs, args.calls, args.rounds)
+                times = profile(op, buffers, bs, args.calls, args.rounds)
                 cells = [op, str(bs), *(f"{times[k]:.2f}" for k in ("call", "wrapper"))]
                 cells += [f"{times[k]:.2f}" for k in PARTS]
                 print(markdown_row([*cells, f"{times['call'] / floor:.2f}"]), flush=True)

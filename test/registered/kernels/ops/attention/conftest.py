@@ -5,7 +5,7 @@ import torch
 
 from sglang_dsa_mtp.kernels.ops.attention import dsa_metadata_common as common
 from support.constants import WIDTH_1M
-from support.launch_stubs import ALL_PLANS, planned_on_cpu
+from support.launch_stubs import WRAPPERS
 
 
 @pytest.fixture(params=[128, common.TILE_N], ids=["tile128", f"tile{common.TILE_N}-default"])
@@ -67,19 +67,9 @@ def launch_grids(monkeypatch):
     """The grid of every kernel launch of the four replay-metadata wrappers (decode, target verify,
     draft extend, the MTP one launch), in order."""
     grids = []
-    for plans in ALL_PLANS:
-        monkeypatch.setattr(plans, "kernel", _GridRecorder(plans.kernel, grids))
+    for _, module, name in WRAPPERS:
+        monkeypatch.setattr(module, name, _GridRecorder(getattr(module, name), grids))
     return grids
-
-
-@pytest.fixture
-def planned_launches(monkeypatch):
-    """Launch plans on the CPU: every launch of the four replay-metadata wrappers as
-    ``("jit", grid)`` (kernel run, plan kept) or ``("plan", grid)`` (through a kept plan), in order.
-    """
-    launches = []
-    planned_on_cpu(monkeypatch, launches)
-    return launches
 
 
 @pytest.fixture(scope="module")

@@ -1178,8 +1178,10 @@ class _Server:
         monkeypatch.setattr(glue, "_capture_key", armed)
 
     def count_glued(self) -> None:
-        """Per runner of the on arm: the replays its glue served as one graph launch, and its eager
-        preps by reason."""
+        """Per runner of the on arm, with the glue: the replays its glue served as one graph
+        launch, and its eager preps by reason."""
+        if not self.glue:
+            return
         for op, (glue, counts) in arm_glues(self.on).items():
             self.report.glued[op] = 0 if glue is None else glue.replays
             if counts is not None:
@@ -1368,6 +1370,24 @@ def engagement_table(report: LoopReport) -> str:
         f"the bound launches took: {bound or 'none'}; indexer calls the live copy "
         f"answered: {report.indexer_live_calls} of {report.indexer_calls}",
     ]
+    return "\n".join(lines)
+
+
+def glue_table(report: LoopReport) -> str:
+    """A markdown table: per server and runner, the plugin-on replays its metadata glue served as
+    one graph launch (of its replays), and its eager preps by reason."""
+    from support.bench_cli import markdown_header, markdown_row
+
+    lines = [markdown_header(["server", *(f"{op}: glued" for op in slice_.OPS)])]
+    for server in report.servers:
+        cells = []
+        for op in slice_.OPS:
+            eager = server.glue_eager.get(op) or {}
+            why = "; ".join(f"{n} eager: {reason}" for reason, n in eager.items())
+            cells.append(
+                f"{server.glued.get(op, 0)} of {server.replays[op]}" + (f" ({why})" if why else "")
+            )
+        lines.append(markdown_row([server.name, *cells]))
     return "\n".join(lines)
 
 

@@ -63,8 +63,10 @@ def served(hooked):
     return hooked
 
 
-def check(report: serving_loop.LoopReport, *, rounds: int) -> None:
+def check(report: serving_loop.LoopReport, *, rounds: int, glue: bool) -> None:
     assert report.failures() == [], "\n".join(report.failures())
+    for server in report.servers:  # the glue's share is checked by failures() where it counted
+        assert set(server.glued) == (set(dsa_serving.OPS) if glue else set()), server.name
     assert sum(server.rounds for server in report.servers) == rounds
     assert report.replays == 3 * rounds
     assert {(s.name.split(",")[0], "unseeded" not in s.name) for s in report.servers} == {
@@ -93,18 +95,25 @@ def check_batch_sizes(report: serving_loop.LoopReport) -> None:
             ), f"{server.name}, {op}: {padded} of {replays} replays padded"
 
 
+# The plugin-on arm's replay prep: through the metadata glue (SGLANG_DSA_METADATA_GLUE=1), and
+# eager (the switch's default).
+PREPS = [pytest.param(True, id="glued"), pytest.param(False, id="eager")]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("glue", PREPS)
 def test_the_serving_loop_on_the_gpu_is_bit_identical_compiles_nothing_and_absorbs_failures(
-    served,
+    served, glue
 ):
     sizes = dsa_serving.GPU_SIZES
-    config = serving_loop.LoopConfig(sizes=sizes, rounds=GPU_ROUNDS, indexer_every=20)
+    config = serving_loop.LoopConfig(sizes=sizes, rounds=GPU_ROUNDS, indexer_every=20, glue=glue)
     report = serving_loop.run(config, served, progress=print)
     print(serving_loop.engagement_table(report))
     print(serving_loop.batch_size_table(report))
+    print(serving_loop.glue_table(report))
     on, off = report.compiles_on_capture, report.compiles_off
     print(f"Triton compiles: plugin-on captures {on}, plugin off while serving {off}")
-    check(report, rounds=GPU_ROUNDS)
+    check(report, rounds=GPU_ROUNDS, glue=glue)
     assert report.compiles_off > 0 and report.compiles_on_capture > 0, "the counter counts"
     for server in report.servers:
         assert server.captured == [*range(1, 9), *range(10, 33, 2), 40, 44, 48], server.name
@@ -114,14 +123,16 @@ def test_the_serving_loop_on_the_gpu_is_bit_identical_compiles_nothing_and_absor
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine the GPU form runs instead")
-def test_the_serving_loop_on_the_cpu_is_bit_identical_and_absorbs_failures(served):
+@pytest.mark.parametrize("glue", PREPS)
+def test_the_serving_loop_on_the_cpu_is_bit_identical_and_absorbs_failures(served, glue):
     config = serving_loop.LoopConfig(
-        sizes=dsa_serving.cpu_sizes(CPU_MAX_BS), rounds=CPU_ROUNDS, indexer_every=12
+        sizes=dsa_serving.cpu_sizes(CPU_MAX_BS), rounds=CPU_ROUNDS, indexer_every=12, glue=glue
     )
     report = serving_loop.run(config, served, progress=print)
     print(serving_loop.engagement_table(report))
     print(serving_loop.batch_size_table(report))
-    check(report, rounds=CPU_ROUNDS)
+    print(serving_loop.glue_table(report))
+    check(report, rounds=CPU_ROUNDS, glue=glue)
     for server in report.servers:
         assert server.captured == [*range(1, 9), 10], server.name
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import dataclasses
+import os
 from types import SimpleNamespace
 
 import torch

@@ -53,8 +53,8 @@ from support.bench_cli import (  # noqa: E402
     markdown_row,
     write_json,
 )
+from support.dsa_backends import LAUNCHES  # noqa: E402
 
-LAUNCH_NAMES = ("3/1/4", "4/1/5", "5/1/6")
 ARMS = ("stock", "eager", "glued")
 MB = 1e6
 DRY_RUN = dict(max_bs=5, bs=[1, 3, 5], memory_max_bs=[3], calls=2)
@@ -62,7 +62,7 @@ DRY_RUN = dict(max_bs=5, bs=[1, 3, 5], memory_max_bs=[3], calls=2)
 
 def build_parser():
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--launch", default="4/1/5", choices=LAUNCH_NAMES, help="EAGLE launch")
+    parser.add_argument("--launch", default="4/1/5", choices=sorted(LAUNCHES), help="EAGLE launch")
     parser.add_argument("--max-bs", type=int, default=48, help="--cuda-graph-max-bs-decode")
     parser.add_argument(
         "--bs", nargs="+", type=int, default=[1, 4, 9, 16, 33, 48], help="live batch sizes"
@@ -102,7 +102,6 @@ def arm_env(label: str) -> dict:
 
 def build_arm(label: str, name: str, sizes, captured, req_to_token, *, reader=True):
     from support import dsa_serving
-    from support.dsa_backends import LAUNCHES
 
     kernels = dsa_serving.sglang_metadata_kernels(sizes.device) if label == "stock" else None
     arm = dsa_serving.Arm(
@@ -231,8 +230,6 @@ def measure_memory(name: str, sizes, captured) -> dict:
     """The eager and glued arms, each built alone: bytes beyond what the process held before."""
     import gc
 
-    from support.dsa_backends import LAUNCHES
-
     out = {}
     for label in ("eager", "glued"):
         gc.collect()
@@ -360,7 +357,6 @@ def main(argv=None) -> int:
     import triton
 
     from support import dsa_serving
-    from support.dsa_backends import LAUNCHES
     from support.sglang_import import sglang_version
 
     def sizes_for(max_bs: int):
@@ -390,10 +386,11 @@ def main(argv=None) -> int:
             batch_sizes = [bs for bs in args.bs if bs <= max(captured)]
             rows = measure_prep(arms, captured, tokens, batch_sizes, args.calls, args.live)
             floor = replay_floor_us(args.calls)
-            record.update(prep=rows, graph_replay_us=floor, captures=dict(captures))
+            record.update(prep=rows, graph_replay_us=floor)
+            record["captures"] = {role: list(times) for role, times in captures.items()}
             del arms, table
         print_prep(rows, floor)
-        print_captures(captures)
+        print_captures(record["captures"])
         memory = []
         for max_bs in args.memory_max_bs:
             sizes = sizes_for(max_bs)

@@ -1,0 +1,38 @@
+"""The metadata-glue benchmark's dry run, on the CPU: it builds the three arms, prints and writes every
+table (the prep per op and live batch size, per EAGLE round, the glue captures, the memory)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from support.sglang_stubs import install_native_stubs
+
+install_native_stubs()  # sgl_kernel, where absent: SGLang imports it at module level, never calls it
+
+from support.sglang_import import require_sglang
+
+require_sglang()
+
+from support.scripts import load_script
+
+bench = load_script(Path(__file__).parent / "bench_dsa_metadata_glue.py")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a dry run is the CPU form")
+def test_the_dry_run_prints_every_table(fresh_switches, sglang_targets_restored, capsys, tmp_path):
+    record = tmp_path / "glue.json"
+    assert bench.main(["--dry-run", "--json", str(record)]) == 0
+    out = capsys.readouterr().out
+    for title in ("## Replay prep per runner", "## Per EAGLE round", "## Glue capture per key"):
+        assert title in out
+    assert "## Memory after capture" in out
+    written = json.loads(record.read_text())
+    assert {(row["op"], row["raw_bs"]) for row in written["prep"]} == {
+        (op, bs)
+        for op in ("target verify", "draft extend", "draft decode")
+        for bs in bench.DRY_RUN["bs"]
+    }
+    assert sorted(written["captures"]) == ["draft decode", "draft extend v2", "target verify"]
+    assert all(len(keys) == 5 for keys in written["captures"].values())  # SGLang's list: 1 .. 5

@@ -81,6 +81,9 @@ def test_a_name_sglang_lacks_turns_off_the_features_that_need_it_naming_it(
     fresh_switches, monkeypatch
 ):
     lacking = f"{sglang_surface.DSA}._renamed_in_a_later_release"
+    for switch in SWITCHES:  # every feature on, the opt-in ones too
+        if not switch.default:
+            monkeypatch.setenv(switch.env, "1")
     monkeypatch.setattr(
         sglang_surface, "SURFACE", (*SURFACE, Name(lacking, (LIVE_WIDTH,), "a test"))
     )

@@ -26,6 +26,7 @@ SWITCH_ENVS = (
     "SGLANG_SPEC_DRAFT_ARGMAX_EXCHANGE",
     "SGLANG_SPEC_VERIFY_ARGMAX_EXCHANGE",
     "SGLANG_DSA_LIVE_WIDTH",
+    "SGLANG_DSA_METADATA_GLUE",
 )
 # The spec's model flags, which the presets leave to the command line.
 SPEC_MODEL_ARGS = [

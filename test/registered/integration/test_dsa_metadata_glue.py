@@ -198,6 +198,7 @@ def test_the_draft_extend_keeps_its_prep_eager_where_it_reads_the_rounds_accept_
         server.close()
 
 
+@pytest.mark.quick
 def test_the_decode_runner_declines_a_backend_that_is_not_dsas(hooked):
     from types import SimpleNamespace
 

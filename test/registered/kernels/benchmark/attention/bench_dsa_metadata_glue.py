@@ -57,7 +57,7 @@ from support.dsa_backends import LAUNCHES  # noqa: E402
 
 ARMS = ("stock", "eager", "glued")
 MB = 1e6
-DRY_RUN = dict(max_bs=5, bs=[1, 3, 5], memory_max_bs=[3], calls=2)
+DRY_RUN = dict(max_bs=2, bs=[1, 2], memory_max_bs=[2], calls=1)
 
 
 def build_parser():

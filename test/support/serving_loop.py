@@ -460,11 +460,7 @@ class Calls:
         write = mtp.write_draft_decode_metadata
 
         def write_draft_decode_metadata(multi, forward_batch, plan):
-            kwargs = dict(
-                plan.launch,
-                seq_lens=forward_batch.seq_lens,
-                req_pool_indices=forward_batch.req_pool_indices,
-            )
+            kwargs = mtp.one_launch_call(plan, forward_batch)
             return self._counted_call(
                 "MTP one launch", kwargs, True, lambda: write(multi, forward_batch, plan)
             )
@@ -1188,35 +1184,49 @@ class _Server:
                 self.report.glue_eager[op] = dict(counts.eager)
 
 
+def glue_key_of(runner, bs: int) -> tuple:
+    """The key the glue of ``runner`` (a ``dsa_serving.Runner``) holds the prep of ``bs`` under."""
+    from sglang_dsa_mtp.integration.dsa_metadata_glue import glue_key
+
+    return (bs,) if runner.op == "draft decode" else glue_key(bs, runner.mode)
+
+
+def _captured_glue(runner):
+    """The ``MetadataGlueGraph`` the backend of ``runner`` captured its keys in, or None."""
+    from sglang_dsa_mtp.integration.dsa_metadata_glue import captured_glue
+    from sglang_dsa_mtp.integration.state import BackendState, MultiStepState
+
+    kind = MultiStepState if runner.op == "draft decode" else BackendState
+    return captured_glue(runner.backend, kind)
+
+
 def _captured_every_bs(arm, captured) -> list[bool]:
     """Per runner of ``arm``: whether its glue captured every bs of ``captured`` (at the server's
     capture, keyed as the runner's replays find them)."""
-    from sglang_dsa_mtp.integration.dsa_metadata_glue import backend_glue, glue_key
-    from sglang_dsa_mtp.integration.state import MultiStepState, peek
-
     out = []
-    for runner in (arm.runners["target verify"], arm.runners["draft extend"]):
-        glue = backend_glue(runner.backend)
+    for runner in arm.runners.values():
+        glue = _captured_glue(runner)
         out.append(
-            glue is not None and all(glue.is_captured(glue_key(bs, runner.mode)) for bs in captured)
+            glue is not None and all(glue.is_captured(glue_key_of(runner, bs)) for bs in captured)
         )
-    multi = peek(arm.multi, MultiStepState).glue
-    out.append(multi.reason is None and all(multi.glue[1].is_captured((bs,)) for bs in captured))
     return out
 
 
 def arm_glues(arm) -> dict[str, tuple]:
-    """Per runner of ``arm``: (its ``MetadataGlueGraph`` or None, its ``GlueCounts`` or None)."""
-    from sglang_dsa_mtp.integration.dsa_metadata_glue import backend_glue, glue_counts
-    from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, RunnerState, peek
+    """Per runner of ``arm``: (the ``MetadataGlueGraph`` its replays go through, or None; its
+    ``GlueCounts`` or None). The target verify's is its decode runner's own."""
+    from sglang_dsa_mtp.integration.dsa_metadata_glue import glue_counts
+    from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, RunnerState
 
     runner = arm.runners["target verify"].decode_runner
-    multi = peek(arm.multi, MultiStepState).glue
     return {
         "target verify": (runner._metadata_glue, glue_counts(runner, RunnerState)),
-        "draft extend": (backend_glue(arm.extend), glue_counts(arm.extend, BackendState)),
+        "draft extend": (
+            _captured_glue(arm.runners["draft extend"]),
+            glue_counts(arm.extend, BackendState),
+        ),
         "draft decode": (
-            None if multi.reason is not None else multi.glue[1],
+            _captured_glue(arm.runners["draft decode"]),
             glue_counts(arm.multi, MultiStepState),
         ),
     }

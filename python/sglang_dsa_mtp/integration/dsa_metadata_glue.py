@@ -177,19 +177,29 @@ def dsa_prep(original, self, forward_batch, in_capture=False):
     if not mode.is_draft_extend_v2():
         return original(self, forward_batch)
     state = state_of(self, BackendState).glue
-    if state.reason is not None:
-        return original(self, forward_batch)
+    if state.reason is None:
+        key = glue_key(forward_batch.batch_size, mode)
+        if _run(state, "draft-extend backend", forward_batch, key):
+            return None
+    return original(self, forward_batch)  # it rewrites every buffer a failed glue wrote
+
+
+def _run(state: GlueState, what: str, forward_batch, key, *, padded: bool = False) -> bool:
+    """A draft runner's replay prep through its glue (``state.glue``: its prep and its
+    ``MetadataGlueGraph``), counted; False where it did not run there (the glue turned itself off,
+    or ``what``'s glue raised: off from now on), and the caller runs the eager prep."""
     prep, glue = state.glue
     if glue.disabled:
         state.eager(OFF)
-        return original(self, forward_batch)
+        return False
     state.counts.routed += 1
+    state.counts.padded += padded
     try:
-        glue.run(prep, forward_batch, glue_key(forward_batch.batch_size, mode))
-    except Exception as exc:  # the prep again, eagerly: it rewrites every buffer it writes
-        _failed(state, "draft-extend backend", exc)
-        return original(self, forward_batch)
-    return None
+        glue.run(prep, forward_batch, key)
+    except Exception as exc:
+        _failed(state, what, exc)
+        return False
+    return True
 
 
 def _capture_backend(original, backend, forward_batch, role: str) -> None:
@@ -214,9 +224,11 @@ def _capture_backend(original, backend, forward_batch, role: str) -> None:
         _failed(state, role, exc)
 
 
-def backend_glue(backend):
-    """The ``MetadataGlueGraph`` a DSA backend captured its runner's keys in, or None."""
-    state = peek(backend, BackendState).glue
+def captured_glue(owner, kind: type = BackendState):
+    """The ``MetadataGlueGraph`` ``owner`` captured its runner's keys in, or None (``kind``: its
+    state's type, :class:`BackendState` for a DSA backend, :class:`MultiStepState` for the
+    multi-step backend)."""
+    state = peek(owner, kind).glue
     return None if state.reason is not None else state.glue[1]
 
 
@@ -247,7 +259,7 @@ def _give_runner_glue(runner) -> None:
     """The runner's glue, at its first replay: its backend's (the keys captured with the server's
     graphs; in place of SGLang's own, which has captured nothing yet), else SGLang's, else a new
     one (keys captured while serving)."""
-    glue = backend_glue(runner.attn_backend)
+    glue = captured_glue(runner.attn_backend)
     if glue is None and sglang_surface.metadata_glue(runner) is None:
         glue = _new_glue(runner.device)
     if glue is not None:
@@ -333,22 +345,13 @@ def mtp_replay(multi, forward_batch) -> bool:
     state = peek(multi, MultiStepState).glue
     if state.reason is not None:
         return False
-    prep, glue = state.glue
     view = _captured_inputs(state, forward_batch)
     if view is None:
         state.eager("inputs not the captured buffers")
         return False
-    if glue.disabled:
-        state.eager(OFF)
-        return False
-    state.counts.routed += 1
-    state.counts.padded += bool(getattr(forward_batch, "num_padding", 0))
-    try:
-        glue.run(prep, view, (forward_batch.batch_size,))
-    except Exception as exc:
-        _failed(state, "MTP draft-decode backend", exc)
-        return False
-    return True
+    padded = bool(getattr(forward_batch, "num_padding", 0))
+    key = (forward_batch.batch_size,)
+    return _run(state, "MTP draft-decode backend", view, key, padded=padded)
 
 
 def _captured_inputs(state: GlueState, forward_batch):

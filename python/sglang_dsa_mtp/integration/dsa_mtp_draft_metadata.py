@@ -234,11 +234,7 @@ def _warm_up_one_launch(multi, state, forward_batch, plan: DraftDecodeBs, bs: in
             "up, its first replay compiles",
         )
         return
-    kwargs = dict(
-        plan.launch,
-        seq_lens=forward_batch.seq_lens,
-        req_pool_indices=forward_batch.req_pool_indices,
-    )
+    kwargs = one_launch_call(plan, forward_batch)
     try:
         warm_up(fused_dsa_draft_decode_metadata_multi, **kwargs)
         plan.bound, why = ONE_LAUNCH_BINDER.bind(**kwargs)
@@ -298,6 +294,15 @@ def one_launch_kwargs(multi, metas, bs: int) -> dict:
     )
 
 
+def one_launch_call(plan: DraftDecodeBs, forward_batch) -> dict:
+    """The one launch's keyword arguments for ``forward_batch``: the plan's, with its inputs."""
+    return dict(
+        plan.launch,
+        seq_lens=forward_batch.seq_lens,
+        req_pool_indices=forward_batch.req_pool_indices,
+    )
+
+
 def write_draft_decode_metadata(multi, forward_batch, plan: DraftDecodeBs) -> None:
     """The one-launch replay: every step backend's metadata for the batch, then its per-step work."""
     backends, metas = multi.attn_backends, plan.metadata
@@ -305,11 +310,7 @@ def write_draft_decode_metadata(multi, forward_batch, plan: DraftDecodeBs) -> No
     first, m0 = backends[0], metas[0]
     for backend in backends:
         backend.set_dsa_prefill_impl(forward_batch=None)
-    kwargs = dict(
-        plan.launch,
-        seq_lens=forward_batch.seq_lens,
-        req_pool_indices=forward_batch.req_pool_indices,
-    )
+    kwargs = one_launch_call(plan, forward_batch)
     if plan.bound is None or not plan.bound(kwargs):
         fused_dsa_draft_decode_metadata_multi(**kwargs)
     if first.dsa_decode_impl == "flashmla_kv":

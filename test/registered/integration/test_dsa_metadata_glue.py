@@ -105,7 +105,7 @@ def test_every_runner_glues_every_captured_bs_at_capture_and_replays_padded_and_
         assert graph.replays == len(ROUNDS), op
         assert counts.routed == len(ROUNDS) and not counts.eager, (op, counts)
     runner = on.runners["target verify"].decode_runner
-    assert runner._metadata_glue is glue.backend_glue(on.target), "the backend's glue, installed"
+    assert runner._metadata_glue is glue.captured_glue(on.target), "the backend's glue, installed"
     assert glue.glue_counts(runner, RunnerState).padded == 1  # bs 3 from 2 requests
     assert glue.glue_counts(on.multi, MultiStepState).padded == 1
     for op, (graph, counts) in serving_loop.arm_glues(off).items():

@@ -162,8 +162,9 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
                 lengths = [n + tokens for n in lengths]
             seq_lens = dsa_serving.request_tensor(lengths, DEVICE)
             slots = dsa_serving.request_tensor(range(1, raw + 1), DEVICE)
-            extra = torch.ones(raw, dtype=torch.int32, device=DEVICE)
-            extra = extra if op == "draft extend" else None
+            extra = None
+            if op == "draft extend":  # the round's accept lengths
+                extra = torch.ones(raw, dtype=torch.int32, device=DEVICE)
             host = {label: [] for label in arms}
             device = {label: [] for label in arms}
             for label, arm in arms.items():
@@ -194,12 +195,11 @@ def glue_graph_replay_us(arms: dict, op: str, bs: int, calls: int) -> float | No
     (``CUDAGraph.replay()``): what the graph costs, the Python around it not included."""
     if DEVICE.type != "cuda" or "glued" not in arms:
         return None
-    from sglang_dsa_mtp.integration.dsa_metadata_glue import glue_key
     from support import serving_loop
 
     arm = arms["glued"]
     glue = serving_loop.arm_glues(arm)[op][0]
-    key = (bs,) if op == "draft decode" else glue_key(bs, arm.runners[op].mode)
+    key = serving_loop.glue_key_of(arm.runners[op], bs)
     state = None if glue is None else glue._states.get(key)  # SGLang's per-key record
     if state is None or state["graph"] is None:
         return None

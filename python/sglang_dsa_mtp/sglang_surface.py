@@ -150,13 +150,9 @@ SURFACE: tuple[Name, ...] = (
     ),
     *_names(
         _GLUE,
-        "the decode runner's metadata glue, given the DSA backend's; its route through the replay "
-        "view to the glue, taken for a padded replay too; the early-staged verify, which keeps "
-        "SGLang's own glue",
-        f"{DECODE_RUNNER}._metadata_glue",
+        "the decode runner's early-staged verify metadata, whose runner keeps SGLang's own glue",
         f"{DECODE_RUNNER}._early_verify_metadata",
-        f"{DECODE_RUNNER}._init_replay_attn_metadata_from_view",
-        instance=(f"{DECODE_RUNNER}._metadata_glue", f"{DECODE_RUNNER}._early_verify_metadata"),
+        instance=(f"{DECODE_RUNNER}._early_verify_metadata",),
     ),
 )
 
@@ -300,38 +296,6 @@ def outplace_all_reduce_method(group_view, probe, *, should_use_pymscclpp_allred
     )
 
 
-def metadata_glue(runner):
-    """The decode runner's ``MetadataGlueGraph``, or None."""
-    return runner._metadata_glue
-
-
-def install_metadata_glue(runner, glue) -> None:
-    """Give the decode runner ``glue`` as its own."""
-    runner._metadata_glue = glue
-
-
 def early_verify_metadata(runner):
     """The decode runner's early-staged verify metadata (DSpark), or None."""
     return runner._early_verify_metadata
-
-
-def glued_replay_prep(
-    runner, forward_batch, *, raw_bs, bs, num_tokens, glue_key, early_staged, attention_variant
-) -> None:
-    """The decode runner's replay prep through its glue, ``raw_bs == bs`` or not: a captured key
-    replayed (without the replay view, which a captured DSA prep does not read: SGLang's
-    ``SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW`` route), else the prep through the view with the key (the
-    glue's warm-ups and capture)."""
-    del early_staged  # the caller routes no replay staged early
-    glue = runner._metadata_glue
-    if glue.is_captured(glue_key):
-        glue.replay(glue_key)
-        return
-    runner._init_replay_attn_metadata_from_view(
-        forward_batch,
-        raw_bs=raw_bs,
-        bs=bs,
-        num_tokens=num_tokens,
-        glue_key=glue_key,
-        attention_variant=attention_variant,
-    )

@@ -54,9 +54,7 @@ def test_the_surface_lists_every_private_name_and_every_hook_target():
         "_resolve_outplace_all_reduce_method",
         "_pick_config",
         "_is_graph_mode_supported",
-        "_metadata_glue",
         "_early_verify_metadata",
-        "_init_replay_attn_metadata_from_view",
     }
 
 

@@ -370,9 +370,10 @@ def decode_runner(backend, mode, *, seq_lens, req_pool_indices, max_tokens: int)
     return runner
 
 
-def replay_prep(runner, *, raw_bs: int, bs: int, num_tokens: int) -> None:
-    """The decode runner's replay prep for a batch of ``raw_bs`` requests replayed at the captured
-    ``bs`` (its buffers already filled, padded rows included), as ``load_batch`` calls it."""
+def replay_prep_arguments(runner, *, raw_bs: int, bs: int, num_tokens: int) -> tuple:
+    """(forward batch, keyword arguments) of the decode runner's replay prep for a batch of
+    ``raw_bs`` requests replayed at the captured ``bs`` (its buffers already filled, padded rows
+    included), as ``load_batch`` builds them before it calls ``_init_replay_attn_metadata``."""
     mode = runner.capture_forward_mode
     forward_batch = SimpleNamespace(
         forward_mode=mode,
@@ -388,8 +389,7 @@ def replay_prep(runner, *, raw_bs: int, bs: int, num_tokens: int) -> None:
         lora_ids=None,
         can_run_decode_cuda_graph=True,
     )
-    runner._init_replay_attn_metadata(
-        forward_batch,
+    return forward_batch, dict(
         raw_bs=raw_bs,
         bs=bs,
         num_tokens=num_tokens,
@@ -397,6 +397,14 @@ def replay_prep(runner, *, raw_bs: int, bs: int, num_tokens: int) -> None:
         early_staged=False,
         attention_variant=None,
     )
+
+
+def replay_prep(runner, *, raw_bs: int, bs: int, num_tokens: int) -> None:
+    """The decode runner's replay prep, as ``load_batch`` calls it (:func:`replay_prep_arguments`)."""
+    forward_batch, kwargs = replay_prep_arguments(
+        runner, raw_bs=raw_bs, bs=bs, num_tokens=num_tokens
+    )
+    runner._init_replay_attn_metadata(forward_batch, **kwargs)
 
 
 class Runner:
@@ -530,11 +538,15 @@ class Runner:
             batch = self._batch(bs, lengths, slots)
         if self.op == "draft decode":  # as the runner hands the multi-step backend its batch
             batch.num_padding = bs - raw
-        start = time.perf_counter()
         if self.decode_runner is None:
+            start = time.perf_counter()
             self.backend.init_forward_metadata_out_graph(batch)
-        else:
-            replay_prep(self.decode_runner, raw_bs=raw, bs=bs, num_tokens=bs * self.tokens)
+        else:  # what load_batch builds before the call is not the prep's
+            batch, kwargs = replay_prep_arguments(
+                self.decode_runner, raw_bs=raw, bs=bs, num_tokens=bs * self.tokens
+            )
+            start = time.perf_counter()
+            self.decode_runner._init_replay_attn_metadata(batch, **kwargs)
         host_us = (time.perf_counter() - start) * 1e6
         self.graphs.replay((self.op, bs))
         return host_us

@@ -991,6 +991,10 @@ class _Server:
                     facts["on: every runner's prep is captured in its glue, every bs"] = all(
                         _captured_every_bs(arm, self.captured)
                     )
+                if self.glue and self.sizes.device.type == "cuda":
+                    facts["on: no glue graph holds memory in a pool of its own"] = not (
+                        _glue_graphs_with_own_pool(arm)
+                    )
             else:
                 facts["off: every backend has SGLang's kernels"] = not any(kernels)
                 facts["off: every backend keeps its wide page_table_1"] = not any(dropped)
@@ -1212,15 +1216,31 @@ def _captured_every_bs(arm, captured) -> list[bool]:
     return out
 
 
+def _glue_graphs_with_own_pool(arm) -> list[str]:
+    """The glue graphs of ``arm`` (on a GPU) whose own memory pool holds a segment, by runner and
+    key: a glue graph allocates only in the pool that they all share."""
+    held: dict[tuple, int] = {}
+    for segment in torch.cuda.memory_snapshot():
+        pool = tuple(segment.get("segment_pool_id", (0, 0)))
+        held[pool] = held.get(pool, 0) + segment["total_size"]
+    out = []
+    for runner in arm.runners.values():
+        glue = _captured_glue(runner)
+        for key, state in [] if glue is None else glue._states.items():  # SGLang's per-key record
+            if state["graph"] is not None and held.get(tuple(state["graph"].pool()), 0):
+                out.append(f"{runner.op} {key}")
+    return out
+
+
 def arm_glues(arm) -> dict[str, tuple]:
     """Per runner of ``arm``: (the ``MetadataGlueGraph`` its replays go through, or None; its
-    ``GlueCounts`` or None). The target verify's is its decode runner's own."""
-    from sglang_dsa_mtp.integration.dsa_metadata_glue import glue_counts
+    ``GlueCounts`` or None). The target verify's is the one its decode runner replays."""
+    from sglang_dsa_mtp.integration.dsa_metadata_glue import captured_glue, glue_counts
     from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, RunnerState
 
     runner = arm.runners["target verify"].decode_runner
     return {
-        "target verify": (runner._metadata_glue, glue_counts(runner, RunnerState)),
+        "target verify": (captured_glue(runner, RunnerState), glue_counts(runner, RunnerState)),
         "draft extend": (
             _captured_glue(arm.runners["draft extend"]),
             glue_counts(arm.extend, BackendState),

@@ -5,33 +5,38 @@ the replay-metadata kernel, SGLang's or ours, then SGLang's refreshes that read 
 eagerly, in every runner of an EAGLE round. SGLang 0.5.23's ``MetadataGlueGraph`` runs a prep
 eagerly twice per key, captures the third call, then replays it as one graph launch; SGLang routes
 only its decode runner there, only without padding, behind a process-wide switch that glues every
-backend, and captures each key while serving. With ``SGLANG_DSA_METADATA_GLUE`` on, for DSA
-backends only, each runner's prep goes through a ``MetadataGlueGraph``, padded replays included:
+backend, and captures each key while serving, each in a memory pool of its own. With
+``SGLANG_DSA_METADATA_GLUE`` on, for DSA backends only, each runner's prep goes through a
+``MetadataGlueGraph``, padded replays included:
 
 * **capture**: AROUND ``DeepseekSparseAttnBackend.init_forward_metadata_out_graph``, right after a
   runner builds a bs's graph metadata (``in_capture``, outside stream capture), the backend's glue
   runs the prep for that bs and mode as a replay would (the runner's input buffers, sliced to bs)
-  until it has captured it: the server's capture pays the warm-ups and the capture, not the first
-  request. The MTP draft decode does the same from ``dsa_mtp_draft_metadata``'s hook;
+  until it has captured it: the server's capture pays the warm-ups and the capture, not a request.
+  The MTP draft decode does the same from ``dsa_mtp_draft_metadata``'s hook. What a prep allocates
+  inside its capture goes to one memory pool that every glue graph of the process shares
+  (:func:`glue_pool`), not to a pool per key;
 * **target verify and plain decode** (``DecodeCudaGraphRunner``): AROUND
-  ``_init_replay_attn_metadata``, the runner's first replay gives it its backend's glue (where
-  SGLang's own switch gave it none); every replay then goes through it, keyed as SGLang keys it
-  (``(bs, capture mode, mode)``, the captured bs: padded or not), a captured key replayed without
-  building the replay view;
+  ``_init_replay_attn_metadata``, a replay whose key (SGLang's ``glue_key``: captured bs, capture
+  mode, mode) its backend's glue captured is that graph's replay (``MetadataGlueGraph.replay``, as
+  SGLang's own route replays a key), padded or not; the runner keeps SGLang's own glue, if any,
+  for the rest;
 * **the EAGLE draft extend** (which SGLang never glues): each replay through the backend's glue;
 * **the MTP draft decode** (likewise): each replay through the multi-step backend's glue, reading
   the runner's input buffers as captured (an unpadded replay hands the prep the batch's own tensors,
   whose values the runner has just copied into those buffers).
 
-Why each prep is constant per key, padded replays included, line by line: docs/glue-audit.md. A
-glue takes a :class:`GluedPrep` (the prep and the backends whose ``forward_metadata`` it
-snapshots). A glue whose capture raises turns itself off for its runner (SGLang's class); any other
-error at a hook site sends that runner to the eager prep for good, logged once at ERROR.
-:func:`glue_counts` says what each glue served.
+A key not captured with the server's graphs stays eager (counted, with the reason): no glue captures
+while serving. Why each prep is constant per key, padded replays included, line by line:
+docs/glue-audit.md. A glue takes a :class:`GluedPrep` (the prep and the backends whose
+``forward_metadata`` it snapshots). A glue whose capture raises turns itself off for its runner
+(SGLang's class); any other error at a hook site sends that runner to the eager prep for good,
+logged once at ERROR. :func:`glue_counts` says what each glue served.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -55,20 +60,44 @@ from sglang_dsa_mtp.log import gate_failure, log_failure, log_once, logger
 from sglang_dsa_mtp.switches import METADATA_GLUE
 
 OFF = "the glue turned itself off (a capture raised)"
+NOT_CAPTURED = "its key was not captured with the server's graphs"
+
+_POOLS: dict[int, Any] = {}  # CUDA device index -> the torch.cuda.MemPool its glue graphs share
+
+
+def glue_pool(device) -> Any:
+    """The memory pool every glue graph on ``device`` allocates in while it captures (created at
+    the first call; None off CUDA). One pool for all keys of all runners: a glue graph's
+    temporaries are free again when its capture ends, so the next capture reuses them, and what a
+    prep keeps (its metadata, snapshotted by the glue) stays allocated, so no other capture takes
+    it. The graphs replay one at a time on the runner's stream, each before the forward that reads
+    it; nothing outside a glue capture allocates in the pool."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    index = torch.cuda.current_device() if device.index is None else device.index
+    pool = _POOLS.get(index)
+    if pool is None:
+        pool = _POOLS[index] = torch.cuda.MemPool()
+    return pool
 
 
 class GluedPrep:
-    """A prep as ``MetadataGlueGraph.run`` takes a backend: ``prep(fb)`` runs it; at capture the
-    glue snapshots the ``forward_metadata`` of ``attn_backend_list`` and puts it back at every
-    replay (this object's own is None, kept as it is)."""
+    """A prep as ``MetadataGlueGraph.run`` takes a backend: ``prep(fb)`` runs it, in ``pool`` while
+    a stream captures (:func:`glue_pool`); at capture the glue snapshots the ``forward_metadata``
+    of ``attn_backend_list`` and puts it back at every replay (this object's own is None, kept as
+    it is)."""
 
-    def __init__(self, prep: Callable[[Any], None], leaves: list):
+    def __init__(self, prep: Callable[[Any], None], leaves: list, pool=None):
         self._prep = prep
+        self._pool = pool
         self.attn_backend_list = leaves
         self.forward_metadata = None
 
     def init_forward_metadata_out_graph(self, forward_batch) -> None:
-        self._prep(forward_batch)
+        capturing = self._pool is not None and torch.cuda.is_current_stream_capturing()
+        with torch.cuda.use_mem_pool(self._pool) if capturing else contextlib.nullcontext():
+            self._prep(forward_batch)
 
 
 def glue_counts(owner, kind: type) -> GlueCounts | None:
@@ -79,12 +108,20 @@ def glue_counts(owner, kind: type) -> GlueCounts | None:
     return None if state.reason == UNDECIDED else state.counts
 
 
+def captured_glue(owner, kind: type = BackendState):
+    """The ``MetadataGlueGraph`` that serves ``owner``'s replays, or None (``kind``: its state's
+    type, as for :func:`glue_counts`)."""
+    state = peek(owner, kind).glue
+    return None if state.reason is not None else state.graphs
+
+
 def _decide(state: GlueState, what: str, why_not: Callable[[], str | None], make) -> None:
-    """Decide once whether ``state`` glues (``why_not()``; ``make()`` the glue), logged once."""
+    """Decide once whether ``state`` glues (``why_not()``; ``make(state)`` sets its prep and
+    graphs), logged once."""
     try:
         reason = why_not()
         if reason is None:
-            state.glue = make()
+            make(state)
     except Exception as exc:  # never take the server down: the eager prep stays
         reason = gate_failure(exc, f"the {what} keeps its replay prep eager")
     state.reason = reason
@@ -108,26 +145,49 @@ def _failed(state: GlueState, what: str, exc: Exception) -> None:
     )
 
 
-def _new_glue(device):
+def _new_graphs(state: GlueState, prep: Callable[[Any], None], leaves: list) -> None:
     from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph
 
-    return MetadataGlueGraph(device)
+    device = leaves[0].device
+    state.prep = GluedPrep(prep, leaves, glue_pool(device))
+    state.graphs = MetadataGlueGraph(device)
 
 
-def _capture_key(glue, prep: GluedPrep, forward_batch, key) -> None:
-    """Run ``forward_batch``'s prep through ``glue`` until ``key`` is captured (the glue's eager
-    warm-ups, then its capture). Not inside a stream capture: then the key is captured at its first
-    replays, while serving."""
+def _capture_key(state: GlueState, forward_batch, key) -> None:
+    """Run ``forward_batch``'s prep through ``state``'s glue until ``key`` is captured (the glue's
+    eager warm-ups, then its capture), and serve ``forward_batch.batch_size`` by ``key`` from then
+    on. Not inside a stream capture: then that bs stays eager."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         log_once(
             logging.WARNING,
             ("glue-in-capture", key[1:]),
-            "sglang_dsa_mtp: DSA graph metadata built inside a stream capture: its metadata glue "
-            "captures at the first replays instead",
+            "sglang_dsa_mtp: DSA graph metadata built inside a stream capture: its replays "
+            "keep the eager prep",
         )
         return
-    while not glue.disabled and not glue.is_captured(key):
-        glue.run(prep, forward_batch, key)
+    graphs = state.graphs
+    while not graphs.disabled and not graphs.is_captured(key):
+        graphs.run(state.prep, forward_batch, key)
+    if graphs.is_captured(key):
+        state.keys[forward_batch.batch_size] = key
+
+
+def _run(state: GlueState, what: str, forward_batch, key, *, padded: bool) -> bool:
+    """A replay's prep through ``state``'s glue as the graph captured under ``key`` (None: no key
+    was captured for this replay), counted; False where it did not run there (no key, the glue
+    turned itself off, or it raised: ``what``'s glue off from now on), and the caller runs the
+    eager prep, which rewrites every buffer the graph writes."""
+    if key is None or state.graphs.disabled:
+        state.eager(OFF if state.graphs.disabled else NOT_CAPTURED)
+        return False
+    try:
+        state.graphs.run(state.prep, forward_batch, key)  # a captured key: one graph replay
+    except Exception as exc:
+        _failed(state, what, exc)
+        return False
+    state.counts.routed += 1
+    state.counts.padded += padded
+    return True
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,39 +227,19 @@ def glue_key(bs: int, mode) -> tuple:
 
 def dsa_prep(original, self, forward_batch, in_capture=False):
     """AROUND ``DeepseekSparseAttnBackend.init_forward_metadata_out_graph``."""
-    mode = forward_batch.forward_mode
     if in_capture:
         result = original(self, forward_batch, in_capture=True)
-        role = _role(self, mode)
+        role = _role(self, forward_batch.forward_mode)
         if role is not None:
             _capture_backend(original, self, forward_batch, role)
         return result
-    if not mode.is_draft_extend_v2():
-        return original(self, forward_batch)
-    state = state_of(self, BackendState).glue
-    if state.reason is None:
-        key = glue_key(forward_batch.batch_size, mode)
-        if _run(state, "draft-extend backend", forward_batch, key):
-            return None
+    if forward_batch.forward_mode.is_draft_extend_v2():
+        state = state_of(self, BackendState).glue
+        if state.reason is None:
+            key = state.keys.get(forward_batch.batch_size)
+            if _run(state, "draft-extend backend", forward_batch, key, padded=False):
+                return None
     return original(self, forward_batch)  # it rewrites every buffer a failed glue wrote
-
-
-def _run(state: GlueState, what: str, forward_batch, key, *, padded: bool = False) -> bool:
-    """A draft runner's replay prep through its glue (``state.glue``: its prep and its
-    ``MetadataGlueGraph``), counted; False where it did not run there (the glue turned itself off,
-    or ``what``'s glue raised: off from now on), and the caller runs the eager prep."""
-    prep, glue = state.glue
-    if glue.disabled:
-        state.eager(OFF)
-        return False
-    state.counts.routed += 1
-    state.counts.padded += padded
-    try:
-        glue.run(prep, forward_batch, key)
-    except Exception as exc:
-        _failed(state, what, exc)
-        return False
-    return True
 
 
 def _capture_backend(original, backend, forward_batch, role: str) -> None:
@@ -210,26 +250,14 @@ def _capture_backend(original, backend, forward_batch, role: str) -> None:
             state,
             role,
             lambda: _why_not_backend(backend, mode),
-            lambda: (
-                GluedPrep(lambda fb: original(backend, fb), [backend]),
-                _new_glue(backend.device),
-            ),
+            lambda s: _new_graphs(s, lambda fb: original(backend, fb), [backend]),
         )
     if state.reason is not None:
         return
-    prep, glue = state.glue
     try:
-        _capture_key(glue, prep, forward_batch, glue_key(forward_batch.batch_size, mode))
+        _capture_key(state, forward_batch, glue_key(forward_batch.batch_size, mode))
     except Exception as exc:
         _failed(state, role, exc)
-
-
-def captured_glue(owner, kind: type = BackendState):
-    """The ``MetadataGlueGraph`` ``owner`` captured its runner's keys in, or None (``kind``: its
-    state's type, :class:`BackendState` for a DSA backend, :class:`MultiStepState` for the
-    multi-step backend)."""
-    state = peek(owner, kind).glue
-    return None if state.reason is not None else state.glue[1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,6 +266,7 @@ def captured_glue(owner, kind: type = BackendState):
 
 
 def _why_not_runner(runner) -> str | None:
+    """Why the decode runner's replays stay eager (each fixed for the runner's life), or None."""
     reason = why_off(METADATA_GLUE)
     if reason is not None:
         return reason
@@ -250,61 +279,45 @@ def _why_not_runner(runner) -> str | None:
         return "DFlash-family speculative decoding (SGLang keeps its prep eager)"
     if runner.enable_pdmux:
         return "pdmux is on (a backend per stream)"
+    if runner.enable_two_batch_overlap:
+        return "two-batch overlap is on (a backend per micro-batch)"
+    if runner.model_runner.lora_manager is not None:
+        return "LoRA is on (its batch prep runs with the metadata)"
     if sglang_surface.early_verify_metadata(runner) is not None:
         return "SGLang stages this runner's verify metadata early"
+    if captured_glue(backend) is None:
+        return f"its backend's glue is off ({peek(backend, BackendState).glue.reason})"
     return None
-
-
-def _give_runner_glue(runner) -> None:
-    """The runner's glue, at its first replay: its backend's (the keys captured with the server's
-    graphs; in place of SGLang's own, which has captured nothing yet), else SGLang's, else a new
-    one (keys captured while serving)."""
-    glue = captured_glue(runner.attn_backend)
-    if glue is None and sglang_surface.metadata_glue(runner) is None:
-        glue = _new_glue(runner.device)
-    if glue is not None:
-        sglang_surface.install_metadata_glue(runner, glue)
 
 
 def glue_replay_prep(original, self, forward_batch, **kwargs):
-    """AROUND ``DecodeCudaGraphRunner._init_replay_attn_metadata``."""
+    """AROUND ``DecodeCudaGraphRunner._init_replay_attn_metadata`` (``kwargs`` as ``load_batch``
+    passes them; ``early_staged`` is never true here: a runner whose verify metadata SGLang stages
+    early keeps its own prep)."""
     state = state_of(self, RunnerState).glue
     if state.reason == UNDECIDED:
-        role = _runner_role(self)
-        _decide(state, role, lambda: _why_not_runner(self), lambda: _give_runner_glue(self))
-    if state.reason is not None:
-        return original(self, forward_batch, **kwargs)
-    why = _why_eager(self, kwargs)
-    if why is not None:
-        state.eager(why)
-        return original(self, forward_batch, **kwargs)
-    state.counts.routed += 1
-    state.counts.padded += kwargs["raw_bs"] != kwargs["bs"]
-    try:
-        sglang_surface.glued_replay_prep(self, forward_batch, **kwargs)
-    except Exception as exc:  # the prep again, eagerly: it rewrites every buffer it writes
-        _failed(state, _runner_role(self), exc)
-        return original(self, forward_batch, **kwargs)
-    return None
+        _decide(state, _runner_role(self), lambda: _why_not_runner(self), _backends_glue(self))
+    if state.reason is None:
+        key, bs = kwargs["glue_key"], kwargs["bs"]
+        captured = key if state.keys.get(bs) == key else None  # not the key of another mode
+        if _run(state, _runner_role(self), forward_batch, captured, padded=kwargs["raw_bs"] != bs):
+            return None
+    return original(self, forward_batch, **kwargs)
+
+
+def _backends_glue(runner) -> Callable[[GlueState], None]:
+    """Serve the decode runner by its backend's glue: its graphs, its prep, its captured keys."""
+
+    def make(state: GlueState) -> None:
+        backend = peek(runner.attn_backend, BackendState).glue
+        state.graphs, state.prep, state.keys = backend.graphs, backend.prep, backend.keys
+
+    return make
 
 
 def _runner_role(runner) -> str:
     mode = str(runner.capture_forward_mode).rsplit(".", 1)[-1].lower().replace("_", " ")
     return f"{mode} runner"
-
-
-def _why_eager(runner, kwargs) -> str | None:
-    """Why this replay's prep runs eagerly; None when it goes through the glue."""
-    glue = sglang_surface.metadata_glue(runner)
-    if glue is None or glue.disabled:
-        return OFF
-    if kwargs["early_staged"]:
-        return "staged early"
-    if runner.enable_two_batch_overlap:
-        return "two-batch overlap"
-    if runner.model_runner.lora_manager is not None:
-        return "LoRA"
-    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,49 +336,35 @@ def capture_mtp(multi, forward_batch, eager: Callable[[Any], None]) -> None:
             state,
             "MTP draft-decode backend",
             lambda: why_off(METADATA_GLUE),
-            lambda: (
-                GluedPrep(eager, list(multi.attn_backends)),
-                _new_glue(multi.attn_backends[0].device),
-            ),
+            lambda s: _new_graphs(s, eager, list(multi.attn_backends)),
         )
     if state.reason is not None:
         return
     state.inputs[bs] = (forward_batch.seq_lens, forward_batch.req_pool_indices)
-    prep, glue = state.glue
     try:
         view = SimpleNamespace(**vars(forward_batch), num_padding=0)  # as a replay hands it
-        _capture_key(glue, prep, view, (bs,))
+        _capture_key(state, view, (bs,))
     except Exception as exc:
         _failed(state, "MTP draft-decode backend", exc)
 
 
 def mtp_replay(multi, forward_batch) -> bool:
     """The MTP draft decode's replay prep through its glue; False when it did not run there (the
-    caller runs the eager prep)."""
+    caller runs the eager prep). The captured graph reads the input buffers its bs was captured
+    with: a padded replay's inputs are those buffers (checked by address), an unpadded replay's
+    are the batch's own tensors, whose values the runner has just copied into them."""
     state = peek(multi, MultiStepState).glue
     if state.reason is not None:
         return False
-    view = _captured_inputs(state, forward_batch)
-    if view is None:
-        state.eager("inputs not the captured buffers")
-        return False
-    padded = bool(getattr(forward_batch, "num_padding", 0))
-    key = (forward_batch.batch_size,)
-    return _run(state, "MTP draft-decode backend", view, key, padded=padded)
-
-
-def _captured_inputs(state: GlueState, forward_batch):
-    """``forward_batch`` reading the input buffers its bs was captured with, or None where they
-    cannot stand for its inputs (another shape, dtype or device; a padded replay on others)."""
-    captured = state.inputs.get(forward_batch.batch_size)
-    if captured is None:
-        return None
     padded = getattr(forward_batch, "num_padding", 0)
-    for have, want in zip((forward_batch.seq_lens, forward_batch.req_pool_indices), captured):
-        if have.shape != want.shape or have.dtype != want.dtype or have.device != want.device:
-            return None
-        if padded and have.data_ptr() != want.data_ptr():
-            return None
-    view = SimpleNamespace(**vars(forward_batch))
-    view.seq_lens, view.req_pool_indices = captured
-    return view
+    if padded:
+        captured = state.inputs.get(forward_batch.batch_size)
+        if (
+            captured is None
+            or forward_batch.seq_lens.data_ptr() != captured[0].data_ptr()
+            or (forward_batch.req_pool_indices.data_ptr() != captured[1].data_ptr())
+        ):
+            state.eager("padded inputs not the captured buffers")
+            return False
+    key = state.keys.get(forward_batch.batch_size)
+    return _run(state, "MTP draft-decode backend", forward_batch, key, padded=bool(padded))

@@ -88,10 +88,17 @@ BUGS = {
     # The target verify's padded replays left to the eager prep: the glue serves too few replays.
     "glue-skips-padded-replays": (
         "python/sglang_dsa_mtp/integration/dsa_metadata_glue.py",
-        "    why = _why_eager(self, kwargs)\n",
-        '    why = _why_eager(self, kwargs) or ("padded" if kwargs["raw_bs"] != kwargs["bs"] '
-        "else None)\n",
+        "        captured = key if state.keys.get(bs) == key else None",
+        '        captured = key if state.keys.get(bs) == key and kwargs["raw_bs"] == bs else None',
         ALL_DEVICES,
+    ),
+    # The glue graphs captured each in a pool of its own (SGLang's class alone): memory kept per
+    # key that stock frees. Only a GPU's allocator keeps pools.
+    "glue-pool-per-key": (
+        "python/sglang_dsa_mtp/integration/dsa_metadata_glue.py",
+        "        capturing = self._pool is not None and torch.cuda.is_current_stream_capturing()\n",
+        "        capturing = False\n",
+        ("gpu",),
     ),
     # The launch bound at capture places its inputs in reverse order: its probe differs from
     # Triton's JIT, nothing is bound, and on a GPU the bound launches take none of the replays.

@@ -105,7 +105,8 @@ def test_every_runner_glues_every_captured_bs_at_capture_and_replays_padded_and_
         assert graph.replays == len(ROUNDS), op
         assert counts.routed == len(ROUNDS) and not counts.eager, (op, counts)
     runner = on.runners["target verify"].decode_runner
-    assert runner._metadata_glue is glue.captured_glue(on.target), "the backend's glue, installed"
+    assert glue.captured_glue(runner, RunnerState) is glue.captured_glue(on.target)
+    assert runner._metadata_glue is None, "SGLang's runner keeps its own glue (none by default)"
     assert glue.glue_counts(runner, RunnerState).padded == 1  # bs 3 from 2 requests
     assert glue.glue_counts(on.multi, MultiStepState).padded == 1
     for op, (graph, counts) in serving_loop.arm_glues(off).items():
@@ -164,12 +165,11 @@ def test_a_capture_that_raises_turns_that_glue_off_and_the_prep_stays_right(arms
 
 def test_an_error_at_the_runner_hook_site_sends_that_runner_to_the_eager_prep(arms, hooked, caplog):
     on, off = arms()
-    from sglang_dsa_mtp import sglang_surface
 
     def broken(*args, **kwargs):
         raise RuntimeError("planted")
 
-    hooked.setattr(sglang_surface, "glued_replay_prep", broken)
+    hooked.setattr(glue.captured_glue(on.target), "run", broken)
     with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
         for lengths, slots, bs in ROUNDS:
             assert replay_both(on, off, "target verify", lengths, slots, bs) == []
@@ -219,3 +219,50 @@ def test_the_decode_runner_declines_a_backend_that_is_not_dsas(hooked):
     reason = peek(runner, RunnerState).glue.reason
     assert reason == "its attention backend is SimpleNamespace, not DSA's"
     assert runner._metadata_glue is None and ran[0]["glue_key"] is None
+
+
+def test_a_bs_not_captured_with_the_servers_graphs_stays_eager_and_is_counted(arms, hooked):
+    """No glue captures while serving: a bs whose capture was skipped (here: bs 2, as inside a
+    stream capture) replays eagerly in every runner, bit-identical, counted with the reason."""
+    capture_key = glue._capture_key
+
+    def skipping(state, forward_batch, key):
+        if forward_batch.batch_size != 2:
+            capture_key(state, forward_batch, key)
+
+    hooked.setattr(glue, "_capture_key", skipping)
+    on, off = arms()
+    for lengths, slots, bs in ROUNDS:
+        for op in dsa_serving.OPS:
+            assert replay_both(on, off, op, lengths, slots, bs) == [], (op, bs)
+    for op, (graph, counts) in serving_loop.arm_glues(on).items():
+        assert counts.routed == len(ROUNDS) - 1 and graph.replays == len(ROUNDS) - 1, op
+        assert counts.eager == {glue.NOT_CAPTURED: 1}, (op, counts)
+
+
+@pytest.mark.quick
+def test_a_glued_prep_allocates_in_the_shared_pool_while_a_stream_captures_it(monkeypatch):
+    """What a prep allocates inside its capture goes to the pool every glue graph shares (on a GPU
+    the serving loop checks that no glue graph holds a pool of its own); outside a capture, and
+    off CUDA, it allocates as it would."""
+    import contextlib
+
+    entered, capturing = [], [False]
+
+    @contextlib.contextmanager
+    def use_mem_pool(pool):
+        entered.append(pool)
+        yield
+        entered.remove(pool)
+
+    monkeypatch.setattr(torch.cuda, "use_mem_pool", use_mem_pool)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    ran, pool = [], object()
+    shared = glue.GluedPrep(lambda fb: ran.append((fb, list(entered))), [], pool)
+    alone = glue.GluedPrep(lambda fb: ran.append((fb, list(entered))), [], None)
+    shared.init_forward_metadata_out_graph("warm-up")
+    capturing[0] = True
+    shared.init_forward_metadata_out_graph("capture")
+    alone.init_forward_metadata_out_graph("capture off CUDA")
+    assert ran == [("warm-up", []), ("capture", [pool]), ("capture off CUDA", [])]
+    assert glue.glue_pool("cpu") is None

@@ -12,17 +12,21 @@ draft steps, --max-bs, a 1M context): ``stock`` (every kill switch off), ``eager
 (``SGLANG_DSA_METADATA_GLUE=0``), ``glued`` (the plugin's defaults).
 
 * Host time: per op and live batch size (--bs; a live size below its captured bs replays padded),
-  every request at --live tokens; one untimed call, then --calls calls per arm, the arms in turn,
-  the queue drained before each; the median host time of the runner's prep call alone. The floor:
-  the median host time of one ``CUDAGraph.replay()`` of a one-kernel graph, timed in the same run;
-  beside it each glue graph replayed alone (with the stand-ins' launches in it: a real server's
-  graph holds one launch where a stand-in makes several). Per EAGLE round: the three ops' sum.
+  every request at --live tokens; one untimed call, then --calls turns, each timing in turn every
+  arm's prep call, one ``CUDAGraph.replay()`` of a one-kernel graph (the floor) and the glued arm's
+  glue graph replayed alone (with the stand-ins' launches in it: a real server's graph holds one
+  launch where a stand-in makes several), the queue drained before each; medians. The prep call
+  is the runner's alone (what ``load_batch`` builds before it, the key included, is not timed).
+  Then warm: the glued arm's replays (input copies, prep, model graph) --calls times back to back,
+  then each graph's replays likewise, the same medians. Per EAGLE round: the three ops' sum.
 * Device time: the same calls between two CUDA events (the queue drained first): for the eager
   arms the span of the prep's launches, for the glued arm the graph's.
 * Memory: per --memory-max-bs, the eager and glued arms each built alone: ``memory_allocated`` and
   ``memory_reserved`` after every batch size's capture, beyond what they were before the arm was
-  built, and the bytes of the CUDA caching allocator's segments in pools that are neither the
-  default pool nor the arm's model-graph pool (the glue graphs' own).
+  built, and the bytes and number of the CUDA caching allocator's pools that are neither the
+  default pool nor the arm's model-graph pool (the glue graphs': the one they share). Measured
+  first, max bs in the order given, so that the shared pool holds nothing from an earlier arm
+  but what a smaller max bs left there.
 * Capture: the time each key's glue capture took at the server's capture (its two eager warm-ups
   and its capture, the queue drained), per runner: median and total.
 
@@ -126,10 +130,8 @@ def new_req_to_token(sizes, tokens: int) -> torch.Tensor:
     return table
 
 
-def replay_floor_us(calls: int) -> float | None:
-    """The median host time of one ``CUDAGraph.replay()`` of a one-kernel graph."""
-    if DEVICE.type != "cuda":
-        return None
+def one_kernel_graph():
+    """A CUDA graph of one kernel: what one graph replay costs the host at the least."""
     x = torch.zeros(1, device=DEVICE)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -138,22 +140,38 @@ def replay_floor_us(calls: int) -> float | None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         x.add_(1)
-    samples = []
-    for _ in range(calls):
-        sync()
-        start = time.perf_counter()
-        graph.replay()
-        samples.append((time.perf_counter() - start) * 1e6)
-    sync()
-    return statistics.median(samples)
+    graph.x = x  # the graph's buffer lives as long as the graph
+    return graph
+
+
+def glue_graph(arms: dict, op: str, bs: int):
+    """The glued arm's glue graph of (``op``, ``bs``), or None (not on a GPU, not captured)."""
+    if DEVICE.type != "cuda" or "glued" not in arms:
+        return None
+    from support import serving_loop
+
+    arm = arms["glued"]
+    glue = serving_loop.arm_glues(arm)[op][0]
+    key = serving_loop.glue_key_of(arm.runners[op], bs)
+    state = None if glue is None else glue._states.get(key)  # SGLang's per-key record
+    return None if state is None else state["graph"]
+
+
+def timed_replay(graph) -> float:
+    start = time.perf_counter()
+    graph.replay()
+    return (time.perf_counter() - start) * 1e6
 
 
 def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, live: int):
-    """Per op and live bs: each arm's median host and device microseconds of the runner's prep."""
+    """Per op and live bs: each arm's median host and device microseconds of the runner's prep,
+    and in the same turns the host time of one replay of a one-kernel graph and of the glue
+    graph alone."""
     from support import dsa_serving
 
     rows = []
     context = next(iter(arms.values())).sizes.context
+    floor = one_kernel_graph() if DEVICE.type == "cuda" else None
     for op in dsa_serving.OPS:
         for raw in batch_sizes:
             bs = min(b for b in captured if b >= raw)
@@ -165,7 +183,10 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
             extra = None
             if op == "draft extend":  # the round's accept lengths
                 extra = torch.ones(raw, dtype=torch.int32, device=DEVICE)
-            host = {label: [] for label in arms}
+            graphs = {"graph": floor, "glue graph": glue_graph(arms, op, bs)}
+            graphs = {label: graph for label, graph in graphs.items() if graph is not None}
+            labels = (*arms, *graphs, "glued warm", *(f"{label} warm" for label in graphs))
+            host = {label: [] for label in labels}
             device = {label: [] for label in arms}
             for label, arm in arms.items():
                 arm.replay(op, bs, seq_lens, slots, extra)
@@ -180,9 +201,25 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
                         end.record()
                         end.synchronize()
                         device[label].append(start.elapsed_time(end) * 1e3)
-            row = dict(op=op, raw_bs=raw, bs=bs, graph_us=glue_graph_replay_us(arms, op, bs, calls))
+                for label, graph in graphs.items():
+                    sync()
+                    host[label].append(timed_replay(graph))
+            # Then each alone, its calls back to back (warm): the glued arm's replays (the
+            # runner's input copies, the prep, the model graph), and each graph's replays.
+            if "glued" in arms:
+                for _ in range(calls):
+                    sync()
+                    host["glued warm"].append(arms["glued"].replay(op, bs, seq_lens, slots, extra))
+            for label, graph in graphs.items():
+                for _ in range(calls):
+                    sync()
+                    host[f"{label} warm"].append(timed_replay(graph))
+            sync()
+            row = dict(op=op, raw_bs=raw, bs=bs)
+            for label, samples in host.items():
+                if samples:
+                    row[f"{label.replace(' ', '_')}_host_us"] = statistics.median(samples)
             for label in arms:
-                row[f"{label}_host_us"] = statistics.median(host[label])
                 row[f"{label}_device_us"] = (
                     statistics.median(device[label]) if device[label] else None
                 )
@@ -190,40 +227,22 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
     return rows
 
 
-def glue_graph_replay_us(arms: dict, op: str, bs: int, calls: int) -> float | None:
-    """The median host time of the glued arm's glue graph of (``op``, ``bs``) replayed alone
-    (``CUDAGraph.replay()``): what the graph costs, the Python around it not included."""
-    if DEVICE.type != "cuda" or "glued" not in arms:
-        return None
-    from support import serving_loop
-
-    arm = arms["glued"]
-    glue = serving_loop.arm_glues(arm)[op][0]
-    key = serving_loop.glue_key_of(arm.runners[op], bs)
-    state = None if glue is None else glue._states.get(key)  # SGLang's per-key record
-    if state is None or state["graph"] is None:
-        return None
-    samples = []
-    for _ in range(calls):
-        sync()
-        start = time.perf_counter()
-        state["graph"].replay()
-        samples.append((time.perf_counter() - start) * 1e6)
-    sync()
-    return statistics.median(samples)
-
-
-def glue_pool_bytes(arm) -> int | None:
-    """Bytes of the caching allocator's segments in pools other than the default pool and the
-    arm's model-graph pool: the glue graphs' private pools."""
+def glue_pools(arm) -> tuple[int, int, int] | None:
+    """(bytes, bytes in use, count) of the CUDA caching allocator's pools other than the default
+    pool and the arm's model-graph pool: the glue graphs' (the one pool they share, or one per
+    key). In use: what the captured preps keep allocated; the rest is segments held free for the
+    next capture."""
     if DEVICE.type != "cuda":
         return None
     ours = {(0, 0), tuple(arm.graphs.pool)}
-    return sum(
-        segment["total_size"]
-        for segment in torch.cuda.memory_snapshot()
-        if tuple(segment.get("segment_pool_id", (0, 0))) not in ours
-    )
+    pools, used = set(), [0, 0]
+    for segment in torch.cuda.memory_snapshot():
+        pool = tuple(segment.get("segment_pool_id", (0, 0)))
+        if pool not in ours:
+            pools.add(pool)
+            used[0] += segment["total_size"]
+            used[1] += segment["active_size"]
+    return used[0], used[1], len(pools)
 
 
 def measure_memory(name: str, sizes, captured) -> dict:
@@ -241,7 +260,7 @@ def measure_memory(name: str, sizes, captured) -> dict:
         table = new_req_to_token(sizes, LAUNCHES[name][2])
         arm = build_arm(label, name, sizes, captured, table, reader=False)
         sync()
-        figures = dict(keys=len(captured) * 3, glue_pools=glue_pool_bytes(arm))
+        figures = dict(keys=len(captured) * 3, glue_pools=glue_pools(arm))
         if DEVICE.type == "cuda":
             figures["allocated"] = torch.cuda.memory_allocated() - allocated
             figures["reserved"] = torch.cuda.memory_reserved() - reserved
@@ -258,10 +277,10 @@ def timed_captures(monkeypatch) -> dict:
     times: dict[str, list[float]] = {}
     capture_key = glue._capture_key
 
-    def timed(graph, prep, forward_batch, key):
+    def timed(state, forward_batch, key):
         sync()
         start = time.perf_counter()
-        capture_key(graph, prep, forward_batch, key)
+        capture_key(state, forward_batch, key)
         sync()
         mode = forward_batch.forward_mode.name.lower().replace("_", " ")
         role = "draft decode" if len(key) == 1 else mode
@@ -271,21 +290,34 @@ def timed_captures(monkeypatch) -> dict:
     return times
 
 
-def print_prep(rows: list[dict], floor: float | None) -> None:
-    print(f"## Replay prep per runner (one graph replay: {cell(floor)} us host)\n")
+def print_prep(rows: list[dict]) -> None:
+    print("## Replay prep per runner, host us (each call in turn, the queue drained before it)\n")
     header = ["op", "live bs", "captured bs"]
-    header += [f"{label} host us" for label in ARMS] + ["glue graph alone host us"]
-    header += [f"{label} device us" for label in ARMS] + ["glued / one graph replay"]
+    header += [f"{label} host us" for label in ARMS]
+    header += ["one graph replay host us", "glue graph alone host us", "glued / one graph replay"]
+    header += [f"{label} device us" for label in ARMS]
     print(markdown_header(header))
     for row in rows:
-        glued = row["glued_host_us"]
         print(
             markdown_row(
                 [row["op"], str(row["raw_bs"]), str(row["bs"])]
                 + [cell(row[f"{label}_host_us"]) for label in ARMS]
-                + [cell(row["graph_us"])]
+                + [cell(row.get("graph_host_us")), cell(row.get("glue_graph_host_us"))]
+                + [ratio(row.get("glued_host_us"), row.get("graph_host_us"))]
                 + [cell(row[f"{label}_device_us"]) for label in ARMS]
-                + [cell(None if floor is None else glued / floor, "{:.2f}")]
+            )
+        )
+    print("\n## Warm: the glued prep and the graphs, each repeated alone, host us\n")
+    header = ["op", "live bs", "captured bs", "glued host us", "one graph replay host us"]
+    header += ["glue graph alone host us", "glued / one graph replay"]
+    print(markdown_header(header))
+    for row in rows:
+        print(
+            markdown_row(
+                [row["op"], str(row["raw_bs"]), str(row["bs"])]
+                + [cell(row.get("glued_warm_host_us")), cell(row.get("graph_warm_host_us"))]
+                + [cell(row.get("glue_graph_warm_host_us"))]
+                + [ratio(row.get("glued_warm_host_us"), row.get("graph_warm_host_us"))]
             )
         )
     print("\n## Per EAGLE round (draft decode + target verify + draft extend), host us\n")
@@ -304,13 +336,19 @@ def print_prep(rows: list[dict], floor: float | None) -> None:
     print()
 
 
+def ratio(a, b) -> str:
+    return cell(None if a is None or b is None else a / b, "{:.2f}")
+
+
 def print_memory(records: list[dict]) -> None:
     print("## Memory after capture, beyond the process before the arm (MB)\n")
-    header = ["max bs", "glue keys", "arm", "allocated", "reserved", "glue graph pools"]
+    header = ["max bs", "glue keys", "arm", "allocated", "reserved"]
+    header += ["glue graph pools", "of which in use", "pools"]
     print(markdown_header(header))
     for record in records:
         for label in ("eager", "glued"):
             f = record["arms"][label]
+            pools = f["glue_pools"]
             print(
                 markdown_row(
                     [
@@ -319,7 +357,9 @@ def print_memory(records: list[dict]) -> None:
                         label,
                         cell(None if "allocated" not in f else f["allocated"] / MB, "{:,.3f}"),
                         cell(None if "reserved" not in f else f["reserved"] / MB, "{:,.3f}"),
-                        cell(None if f["glue_pools"] is None else f["glue_pools"] / MB, "{:,.3f}"),
+                        cell(None if pools is None else pools[0] / MB, "{:,.3f}"),
+                        cell(None if pools is None else pools[1] / MB, "{:,.3f}"),
+                        cell(None if pools is None else pools[2], "{:d}"),
                     ]
                 )
             )
@@ -379,18 +419,6 @@ def main(argv=None) -> int:
     with pytest.MonkeyPatch.context() as monkeypatch:
         dsa_serving.prepare(monkeypatch, DEVICE)
         captures = timed_captures(monkeypatch)
-        sizes = sizes_for(args.max_bs)
-        with dsa_serving.launch(args.launch, sizes) as (_, captured):
-            table = new_req_to_token(sizes, tokens)
-            arms = {label: build_arm(label, args.launch, sizes, captured, table) for label in ARMS}
-            batch_sizes = [bs for bs in args.bs if bs <= max(captured)]
-            rows = measure_prep(arms, captured, tokens, batch_sizes, args.calls, args.live)
-            floor = replay_floor_us(args.calls)
-            record.update(prep=rows, graph_replay_us=floor)
-            record["captures"] = {role: list(times) for role, times in captures.items()}
-            del arms, table
-        print_prep(rows, floor)
-        print_captures(record["captures"])
         memory = []
         for max_bs in args.memory_max_bs:
             sizes = sizes_for(max_bs)
@@ -398,8 +426,20 @@ def main(argv=None) -> int:
                 memory.append(
                     dict(max_bs=max_bs, arms=measure_memory(args.launch, sizes, captured))
                 )
-        print_memory(memory)
         record["memory"] = memory
+        captures.clear()  # the timed run's captures only
+        sizes = sizes_for(args.max_bs)
+        with dsa_serving.launch(args.launch, sizes) as (_, captured):
+            table = new_req_to_token(sizes, tokens)
+            arms = {label: build_arm(label, args.launch, sizes, captured, table) for label in ARMS}
+            batch_sizes = [bs for bs in args.bs if bs <= max(captured)]
+            rows = measure_prep(arms, captured, tokens, batch_sizes, args.calls, args.live)
+            record.update(prep=rows)
+            record["captures"] = {role: list(times) for role, times in captures.items()}
+            del arms, table
+        print_prep(rows)
+        print_captures(record["captures"])
+        print_memory(memory)
     if args.json:
         write_json(args.json, record)
     return 0

@@ -136,7 +136,6 @@ def test_the_sglang_plugins_whitelist_can_leave_the_plugin_out(fresh_plugin):
 # --- what register() registers ---------------------------------------------------------------------
 
 
-@pytest.mark.quick
 def every_switch_on(monkeypatch) -> None:
     """The opt-in switches set on too: the server that runs every change."""
     for switch in SWITCHES:

@@ -362,7 +362,7 @@ def mtp_replay(multi, forward_batch) -> bool:
         if (
             captured is None
             or forward_batch.seq_lens.data_ptr() != captured[0].data_ptr()
-            or (forward_batch.req_pool_indices.data_ptr() != captured[1].data_ptr())
+            or forward_batch.req_pool_indices.data_ptr() != captured[1].data_ptr()
         ):
             state.eager("padded inputs not the captured buffers")
             return False

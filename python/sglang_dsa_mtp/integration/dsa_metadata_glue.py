@@ -118,6 +118,7 @@ def captured_glue(owner, kind: type = BackendState):
 def _decide(state: GlueState, what: str, why_not: Callable[[], str | None], make) -> None:
     """Decide once whether ``state`` glues (``why_not()``; ``make(state)`` sets its prep and
     graphs), logged once."""
+    state.what = what
     try:
         reason = why_not()
         if reason is None:
@@ -135,13 +136,13 @@ def _decide(state: GlueState, what: str, why_not: Callable[[], str | None], make
         logger.info("sglang_dsa_mtp: metadata_glue off for the %s: %s", what, reason)
 
 
-def _failed(state: GlueState, what: str, exc: Exception) -> None:
+def _failed(state: GlueState, exc: Exception) -> None:
     state.reason = f"raised {type(exc).__name__}: {exc}"
     log_failure(
-        ("glue-failed", what),
+        ("glue-failed", state.what),
         exc,
         "sglang_dsa_mtp: the %s's metadata glue is off from now on (eager prep)",
-        what,
+        state.what,
     )
 
 
@@ -172,10 +173,10 @@ def _capture_key(state: GlueState, forward_batch, key) -> None:
         state.keys[forward_batch.batch_size] = key
 
 
-def _run(state: GlueState, what: str, forward_batch, key, *, padded: bool) -> bool:
+def _run(state: GlueState, forward_batch, key, *, padded: bool) -> bool:
     """A replay's prep through ``state``'s glue as the graph captured under ``key`` (None: no key
     was captured for this replay), counted; False where it did not run there (no key, the glue
-    turned itself off, or it raised: ``what``'s glue off from now on), and the caller runs the
+    turned itself off, or it raised: that glue off from now on), and the caller runs the
     eager prep, which rewrites every buffer the graph writes."""
     if key is None or state.graphs.disabled:
         state.eager(OFF if state.graphs.disabled else NOT_CAPTURED)
@@ -183,7 +184,7 @@ def _run(state: GlueState, what: str, forward_batch, key, *, padded: bool) -> bo
     try:
         state.graphs.run(state.prep, forward_batch, key)  # a captured key: one graph replay
     except Exception as exc:
-        _failed(state, what, exc)
+        _failed(state, exc)
         return False
     state.counts.routed += 1
     state.counts.padded += padded
@@ -237,7 +238,7 @@ def dsa_prep(original, self, forward_batch, in_capture=False):
         state = state_of(self, BackendState).glue
         if state.reason is None:
             key = state.keys.get(forward_batch.batch_size)
-            if _run(state, "draft-extend backend", forward_batch, key, padded=False):
+            if _run(state, forward_batch, key, padded=False):
                 return None
     return original(self, forward_batch)  # it rewrites every buffer a failed glue wrote
 
@@ -257,7 +258,7 @@ def _capture_backend(original, backend, forward_batch, role: str) -> None:
     try:
         _capture_key(state, forward_batch, glue_key(forward_batch.batch_size, mode))
     except Exception as exc:
-        _failed(state, role, exc)
+        _failed(state, exc)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -296,23 +297,24 @@ def glue_replay_prep(original, self, forward_batch, **kwargs):
     early keeps its own prep)."""
     state = state_of(self, RunnerState).glue
     if state.reason == UNDECIDED:
-        _decide(state, _runner_role(self), lambda: _why_not_runner(self), _backends_glue(self))
+        _decide(
+            state,
+            _runner_role(self),
+            lambda: _why_not_runner(self),
+            lambda s: _serve_by_backend(s, self),
+        )
     if state.reason is None:
         key, bs = kwargs["glue_key"], kwargs["bs"]
         captured = key if state.keys.get(bs) == key else None  # not the key of another mode
-        if _run(state, _runner_role(self), forward_batch, captured, padded=kwargs["raw_bs"] != bs):
+        if _run(state, forward_batch, captured, padded=kwargs["raw_bs"] != bs):
             return None
     return original(self, forward_batch, **kwargs)
 
 
-def _backends_glue(runner) -> Callable[[GlueState], None]:
-    """Serve the decode runner by its backend's glue: its graphs, its prep, its captured keys."""
-
-    def make(state: GlueState) -> None:
-        backend = peek(runner.attn_backend, BackendState).glue
-        state.graphs, state.prep, state.keys = backend.graphs, backend.prep, backend.keys
-
-    return make
+def _serve_by_backend(state: GlueState, runner) -> None:
+    """The decode runner served by its backend's glue: its graphs, prep and captured keys."""
+    backend = peek(runner.attn_backend, BackendState).glue
+    state.graphs, state.prep, state.keys = backend.graphs, backend.prep, backend.keys
 
 
 def _runner_role(runner) -> str:
@@ -345,7 +347,7 @@ def capture_mtp(multi, forward_batch, eager: Callable[[Any], None]) -> None:
         view = SimpleNamespace(**vars(forward_batch), num_padding=0)  # as a replay hands it
         _capture_key(state, view, (bs,))
     except Exception as exc:
-        _failed(state, "MTP draft-decode backend", exc)
+        _failed(state, exc)
 
 
 def mtp_replay(multi, forward_batch) -> bool:
@@ -367,4 +369,4 @@ def mtp_replay(multi, forward_batch) -> bool:
             state.eager("padded inputs not the captured buffers")
             return False
     key = state.keys.get(forward_batch.batch_size)
-    return _run(state, "MTP draft-decode backend", forward_batch, key, padded=bool(padded))
+    return _run(state, forward_batch, key, padded=bool(padded))

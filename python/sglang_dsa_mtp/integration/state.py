@@ -36,9 +36,12 @@ class GlueState:
     """One runner's metadata glue (``dsa_metadata_glue``)."""
 
     reason: str | None = UNDECIDED  # why its prep stays eager; None when the glue serves it
-    graphs: Any = None  # its MetadataGlueGraph (a decode runner: its backend's)
-    prep: Any = None  # a draft runner's backend: the GluedPrep its graphs capture
-    keys: dict = field(default_factory=dict)  # a draft runner's backend: bs -> its captured key
+    what: str = ""  # the runner or backend, in words (its log lines), named when decided
+    # Its MetadataGlueGraph, the GluedPrep that graph captures and bs -> the key captured for it
+    # (a decode runner: its backend's, shared).
+    graphs: Any = None
+    prep: Any = None
+    keys: dict = field(default_factory=dict)
     inputs: dict = field(default_factory=dict)  # MTP draft decode: bs -> its captured inputs
     counts: GlueCounts = field(default_factory=GlueCounts)
 
@@ -109,28 +112,25 @@ class ProcessorState:
 
 def state_of(obj, kind: type[State]) -> State:
     """``obj``'s state, created with its defaults at the first call. A state of another kind is a
-    TypeError (one object, one kind). On every replay's path: one dict lookup."""
-    state = obj.__dict__.get(ATTR)
-    if type(state) is kind:
-        return state
+    TypeError (one object, one kind)."""
+    state = _stored(obj, kind)
     if state is None:
         state = obj.__dict__[ATTR] = kind()
-        return state
-    raise _wrong_kind(obj, state, kind)
+    return state
 
 
 def peek(obj, kind: type[State]) -> State:
     """``obj``'s state, or the defaults (not stored) when it has none yet. A state of another kind
     is a TypeError."""
+    state = _stored(obj, kind)
+    return kind() if state is None else state
+
+
+def _stored(obj, kind: type[State]) -> State | None:
     state = getattr(obj, "__dict__", {}).get(ATTR)
-    if type(state) is kind:
-        return state
-    if state is None:
-        return kind()
-    raise _wrong_kind(obj, state, kind)
-
-
-def _wrong_kind(obj, state, kind: type) -> TypeError:
-    return TypeError(
-        f"{type(obj).__name__} holds a {type(state).__name__} under {ATTR}, not a {kind.__name__}"
-    )
+    if state is not None and not isinstance(state, kind):
+        raise TypeError(
+            f"{type(obj).__name__} holds a {type(state).__name__} under {ATTR}, not a "
+            f"{kind.__name__}"
+        )
+    return state

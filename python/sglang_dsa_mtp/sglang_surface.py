@@ -11,11 +11,13 @@ file, not of the whole tree.
 
 A name is probed by resolving it as SGLang's ``HookRegistry`` resolves a target (the module by
 ``pkgutil``, then ``getattr``); an attribute an SGLang class sets on its instances is probed by its
-store in the class's ``__init__``.
+store in the class's ``__init__``; a function whose keywords a hook names one by one, by its
+keyword-only parameters.
 """
 
 from __future__ import annotations
 
+import inspect
 import pkgutil
 from dataclasses import dataclass
 
@@ -63,13 +65,15 @@ _ALL = _BOUNDED + _EXCHANGES + _LIVE + _GLUE
 @dataclass(frozen=True)
 class Name:
     """One SGLang name: its dotted ``path``, the ``switches`` whose features need it, and what the
-    plugin does with it (``use``). ``instance``: an attribute SGLang's class sets in ``__init__``.
+    plugin does with it (``use``). ``instance``: an attribute SGLang's class sets in ``__init__``;
+    ``keywords``: a function whose keyword-only parameters a hook names one by one.
     """
 
     path: str
     switches: tuple[KillSwitch, ...]
     use: str
     instance: bool = False
+    keywords: tuple[str, ...] = ()  # a function's keyword-only parameters, exactly these
 
 
 # --- the hook targets (hooks.HOOKS names them through these) --------------------------------------
@@ -95,6 +99,15 @@ EAGLE_SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
 VERIFY_TREE_GREEDY = "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_func"
 DECODE_RUNNER_REPLAY_PREP = f"{DECODE_RUNNER}._init_replay_attn_metadata"
 DSA_METADATA_OUT_GRAPH = f"{DSA}.init_forward_metadata_out_graph"
+# The keyword-only parameters of the decode runner's replay prep, which its hook names.
+REPLAY_PREP_KEYWORDS = (
+    "raw_bs",
+    "bs",
+    "num_tokens",
+    "glue_key",
+    "early_staged",
+    "attention_variant",
+)
 
 # The classes that get an attribute of the plugin's (hooks.ATTRIBUTES).
 LOGITS_PROCESSOR = f"{LOGITS}.LogitsProcessor"
@@ -154,6 +167,13 @@ SURFACE: tuple[Name, ...] = (
         f"{DECODE_RUNNER}._early_verify_metadata",
         instance=(f"{DECODE_RUNNER}._early_verify_metadata",),
     ),
+    Name(
+        DECODE_RUNNER_REPLAY_PREP,
+        _GLUE,
+        "the replay prep whose keywords the glue's hook takes by name (a catch-all dict would "
+        "cost every replay about a microsecond)",
+        keywords=REPLAY_PREP_KEYWORDS,
+    ),
 )
 
 # SGLang's models whose forward returns the LogitsProcessor's output untouched (read in 0.5.23; the
@@ -196,7 +216,18 @@ def resolves(name: Name) -> bool:
         return False
     if name.instance:
         return isinstance(owner, type) and instance_attribute_stored(owner, attr)
+    if name.keywords:
+        return keyword_only(getattr(owner, attr, None)) == name.keywords
     return hasattr(owner, attr)
+
+
+def keyword_only(function) -> tuple[str, ...] | None:
+    """The names of ``function``'s keyword-only parameters, in order (None: not a function)."""
+    try:
+        parameters = inspect.signature(inspect.unwrap(function)).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return tuple(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def missing(switch: KillSwitch) -> list[str]:

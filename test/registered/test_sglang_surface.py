@@ -55,6 +55,7 @@ def test_the_surface_lists_every_private_name_and_every_hook_target():
         "_pick_config",
         "_is_graph_mode_supported",
         "_early_verify_metadata",
+        "_init_replay_attn_metadata",
     }
 
 
@@ -73,6 +74,21 @@ def test_an_instance_attribute_is_probed_by_its_store_in_init():
     processor = "sglang.srt.layers.logits_processor.LogitsProcessor"
     assert sglang_surface.resolves(Name(f"{processor}._logits_gatherer", (), "", instance=True))
     assert not sglang_surface.resolves(Name(f"{processor}._no_such_field", (), "", instance=True))
+
+
+def test_a_function_is_probed_by_its_keyword_only_parameters():
+    prep = sglang_surface.DECODE_RUNNER_REPLAY_PREP
+    keywords = sglang_surface.REPLAY_PREP_KEYWORDS
+    assert sglang_surface.resolves(Name(prep, (), "", keywords=keywords))
+    assert not sglang_surface.resolves(Name(prep, (), "", keywords=keywords[:-1]))
+    assert not sglang_surface.resolves(Name(prep, (), "", keywords=(*keywords, "a_new_one")))
+    assert not sglang_surface.resolves(Name(f"{prep}_renamed", (), "", keywords=keywords))
+
+
+def test_the_glue_hook_names_the_replay_preps_keywords():
+    from sglang_dsa_mtp.integration.dsa_metadata_glue import glue_replay_prep
+
+    assert sglang_surface.keyword_only(glue_replay_prep) == sglang_surface.REPLAY_PREP_KEYWORDS
 
 
 def test_a_name_sglang_lacks_turns_off_the_features_that_need_it_naming_it(

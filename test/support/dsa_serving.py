@@ -514,10 +514,14 @@ class Runner:
             raise RuntimeError(f"{self.op}: {name} grew past the largest captured batch size")
         return out[: src.numel()].view(src.shape)
 
-    def replay(self, bs: int, lengths: torch.Tensor, slots: torch.Tensor, accepted=None) -> float:
+    def replay(
+        self, bs: int, lengths: torch.Tensor, slots: torch.Tensor, accepted=None, in_place=None
+    ) -> float:
         """One replay of the captured ``bs`` for ``lengths`` / ``slots`` (int64, the scheduler's
         tensors; fewer than ``bs`` are padded): the backend's replay metadata, then the graph.
-        Returns the host microseconds of SGLang's whole ``init_forward_metadata_out_graph`` call."""
+        Returns the host microseconds of SGLang's whole ``init_forward_metadata_out_graph`` call,
+        or of ``in_place()`` called in its place (after the same input copies; the metadata is
+        then left as it was)."""
         raw = lengths.numel()
         padded = raw != bs
         if padded:
@@ -538,7 +542,10 @@ class Runner:
             batch = self._batch(bs, lengths, slots)
         if self.op == "draft decode":  # as the runner hands the multi-step backend its batch
             batch.num_padding = bs - raw
-        if self.decode_runner is None:
+        if in_place is not None:
+            start = time.perf_counter()
+            in_place()
+        elif self.decode_runner is None:
             start = time.perf_counter()
             self.backend.init_forward_metadata_out_graph(batch)
         else:  # what load_batch builds before the call is not the prep's
@@ -688,9 +695,9 @@ class Arm:
         self.memory.captured = allocated(self.sizes.device)
         self.memory.pool = self.graphs.pool_bytes()
 
-    def replay(self, op: str, bs: int, lengths, slots, accepted=None) -> float:
+    def replay(self, op: str, bs: int, lengths, slots, accepted=None, in_place=None) -> float:
         with switches(self.env):
-            return self.runners[op].replay(bs, lengths, slots, accepted)
+            return self.runners[op].replay(bs, lengths, slots, accepted, in_place)
 
     def step_backends(self) -> list:
         return list(self.multi.attn_backends)

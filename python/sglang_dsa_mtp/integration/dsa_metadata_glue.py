@@ -291,10 +291,22 @@ def _why_not_runner(runner) -> str | None:
     return None
 
 
-def glue_replay_prep(original, self, forward_batch, **kwargs):
-    """AROUND ``DecodeCudaGraphRunner._init_replay_attn_metadata`` (``kwargs`` as ``load_batch``
-    passes them; ``early_staged`` is never true here: a runner whose verify metadata SGLang stages
-    early keeps its own prep)."""
+def glue_replay_prep(
+    original,
+    self,
+    forward_batch,
+    *,
+    raw_bs,
+    bs,
+    num_tokens,
+    glue_key,
+    early_staged,
+    attention_variant,
+):
+    """AROUND ``DecodeCudaGraphRunner._init_replay_attn_metadata``, taking its keywords by name
+    (``sglang_surface.REPLAY_PREP_KEYWORDS``, probed before the hook is registered: a catch-all
+    dict would cost every replay about a microsecond of the GPU host's). ``early_staged`` is never
+    true here: a runner whose verify metadata SGLang stages early keeps its own prep."""
     state = state_of(self, RunnerState).glue
     if state.reason == UNDECIDED:
         _decide(
@@ -304,11 +316,19 @@ def glue_replay_prep(original, self, forward_batch, **kwargs):
             lambda s: _serve_by_backend(s, self),
         )
     if state.reason is None:
-        key, bs = kwargs["glue_key"], kwargs["bs"]
-        captured = key if state.keys.get(bs) == key else None  # not the key of another mode
-        if _run(state, forward_batch, captured, padded=kwargs["raw_bs"] != bs):
+        captured = glue_key if state.keys.get(bs) == glue_key else None  # not another mode's
+        if _run(state, forward_batch, captured, padded=raw_bs != bs):
             return None
-    return original(self, forward_batch, **kwargs)
+    return original(
+        self,
+        forward_batch,
+        raw_bs=raw_bs,
+        bs=bs,
+        num_tokens=num_tokens,
+        glue_key=glue_key,
+        early_staged=early_staged,
+        attention_variant=attention_variant,
+    )
 
 
 def _serve_by_backend(state: GlueState, runner) -> None:

@@ -18,7 +18,9 @@ draft steps, --max-bs, a 1M context): ``stock`` (every kill switch off), ``eager
   launch where a stand-in makes several), the queue drained before each; medians. The prep call
   is the runner's alone (what ``load_batch`` builds before it, the key included, is not timed).
   Then warm: the glued arm's replays (input copies, prep, model graph) --calls times back to back,
-  then each graph's replays likewise, the same medians. Per EAGLE round: the three ops' sum.
+  then each graph's replays likewise, then each graph replayed in the prep's place (the glued
+  arm's replays, the graph timed where the prep runs: after the same input copies), the same
+  medians. Per EAGLE round: the three ops' sum.
 * Device time: the same calls between two CUDA events (the queue drained first): for the eager
   arms the span of the prep's launches, for the glued arm the graph's.
 * Memory: per --memory-max-bs, the eager and glued arms each built alone: ``memory_allocated`` and
@@ -186,6 +188,7 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
             graphs = {"graph": floor, "glue graph": glue_graph(arms, op, bs)}
             graphs = {label: graph for label, graph in graphs.items() if graph is not None}
             labels = (*arms, *graphs, "glued warm", *(f"{label} warm" for label in graphs))
+            labels += tuple(f"{label} in place" for label in graphs)
             host = {label: [] for label in labels}
             device = {label: [] for label in arms}
             for label, arm in arms.items():
@@ -214,6 +217,15 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
                 for _ in range(calls):
                     sync()
                     host[f"{label} warm"].append(timed_replay(graph))
+            # Each graph's replay in the prep's place: the glued arm's replays, its input copies
+            # made, the graph replayed where the prep would run (timed), then the model graph.
+            for label, graph in graphs.items():
+                for _ in range(calls):
+                    sync()
+                    glued = arms["glued"]
+                    host[f"{label} in place"].append(
+                        glued.replay(op, bs, seq_lens, slots, extra, in_place=graph.replay)
+                    )
             sync()
             row = dict(op=op, raw_bs=raw, bs=bs)
             for label, samples in host.items():
@@ -308,16 +320,27 @@ def print_prep(rows: list[dict]) -> None:
             )
         )
     print("\n## Warm: the glued prep and the graphs, each repeated alone, host us\n")
+    print(
+        "In place: the graph replayed where the prep runs, after the runner's same input "
+        "copies. Around its graph: the glued prep less its glue graph in place (the hooks and "
+        "SGLang's MetadataGlueGraph.run).\n"
+    )
     header = ["op", "live bs", "captured bs", "glued host us", "one graph replay host us"]
-    header += ["glue graph alone host us", "glued / one graph replay"]
+    header += ["one graph replay in place host us", "glue graph alone host us"]
+    header += ["glue graph in place host us", "glued around its graph host us"]
+    header += ["glued / one graph replay", "glued / one graph replay in place"]
     print(markdown_header(header))
     for row in rows:
+        glued, in_place = row.get("glued_warm_host_us"), row.get("glue_graph_in_place_host_us")
+        around = None if glued is None or in_place is None else glued - in_place
         print(
             markdown_row(
                 [row["op"], str(row["raw_bs"]), str(row["bs"])]
-                + [cell(row.get("glued_warm_host_us")), cell(row.get("graph_warm_host_us"))]
-                + [cell(row.get("glue_graph_warm_host_us"))]
-                + [ratio(row.get("glued_warm_host_us"), row.get("graph_warm_host_us"))]
+                + [cell(glued), cell(row.get("graph_warm_host_us"))]
+                + [cell(row.get("graph_in_place_host_us"))]
+                + [cell(row.get("glue_graph_warm_host_us")), cell(in_place), cell(around)]
+                + [ratio(glued, row.get("graph_warm_host_us"))]
+                + [ratio(glued, row.get("graph_in_place_host_us"))]
             )
         )
     print("\n## Per EAGLE round (draft decode + target verify + draft extend), host us\n")

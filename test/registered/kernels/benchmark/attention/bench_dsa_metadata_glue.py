@@ -185,14 +185,14 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
             extra = None
             if op == "draft extend":  # the round's accept lengths
                 extra = torch.ones(raw, dtype=torch.int32, device=DEVICE)
+            for arm in arms.values():  # untimed; a decode runner decides its glue at its first
+                arm.replay(op, bs, seq_lens, slots, extra)
             graphs = {"graph": floor, "glue graph": glue_graph(arms, op, bs)}
             graphs = {label: graph for label, graph in graphs.items() if graph is not None}
             labels = (*arms, *graphs, "glued warm", *(f"{label} warm" for label in graphs))
             labels += tuple(f"{label} in place" for label in graphs)
             host = {label: [] for label in labels}
             device = {label: [] for label in arms}
-            for label, arm in arms.items():
-                arm.replay(op, bs, seq_lens, slots, extra)
             for _ in range(calls):
                 for label, arm in arms.items():
                     sync()

@@ -170,8 +170,7 @@ SURFACE: tuple[Name, ...] = (
     Name(
         DECODE_RUNNER_REPLAY_PREP,
         _GLUE,
-        "the replay prep whose keywords the glue's hook takes by name (a catch-all dict would "
-        "cost every replay about a microsecond)",
+        "the replay prep whose keyword-only parameters the glue's hook takes by name",
         keywords=REPLAY_PREP_KEYWORDS,
     ),
 )

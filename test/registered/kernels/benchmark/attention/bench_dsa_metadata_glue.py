@@ -219,13 +219,14 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
                     host[f"{label} warm"].append(timed_replay(graph))
             # Each graph's replay in the prep's place: the glued arm's replays, its input copies
             # made, the graph replayed where the prep would run (timed), then the model graph.
-            for label, graph in graphs.items():
-                for _ in range(calls):
-                    sync()
-                    glued = arms["glued"]
-                    host[f"{label} in place"].append(
-                        glued.replay(op, bs, seq_lens, slots, extra, in_place=graph.replay)
-                    )
+            if "glued" in arms:
+                glued = arms["glued"]
+                for label, graph in graphs.items():
+                    for _ in range(calls):
+                        sync()
+                        host[f"{label} in place"].append(
+                            glued.replay(op, bs, seq_lens, slots, extra, in_place=graph.replay)
+                        )
             sync()
             row = dict(op=op, raw_bs=raw, bs=bs)
             for label, samples in host.items():

@@ -334,10 +334,14 @@ def decode_runner(backend, mode, *, seq_lens, req_pool_indices, max_tokens: int)
     """SGLang's ``DecodeCudaGraphRunner`` as its replay prep sees it (``load_batch`` ->
     ``_init_replay_attn_metadata``): the runner holds ``backend``, captures ``mode``, and its input
     buffers are ``seq_lens`` / ``req_pool_indices`` (the harness's runner's); no pdmux, two-batch
-    overlap, LoRA or DP gather, no metadata glue of SGLang's own (its switch's default), EAGLE
-    speculative decoding. Built without its constructor (which captures a model's graphs): every
-    attribute set here is one its replay prep reads."""
+    overlap, LoRA or DP gather, EAGLE speculative decoding; SGLang's own metadata glue as its
+    constructor sets it from ``SGLANG_ENABLE_METADATA_GLUE_GRAPH`` and
+    ``SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW`` (both off by default; EAGLE asks no backend to glue).
+    Built without its constructor (which captures a model's graphs): every attribute set here is
+    one its replay prep reads."""
+    from sglang.srt.environ import envs
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     runner = DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner)
@@ -355,8 +359,10 @@ def decode_runner(backend, mode, *, seq_lens, req_pool_indices, max_tokens: int)
         require_attn_tp_gather=False,
         is_encoder_decoder=False,
         seq_len_fill_value=FILL,
-        _metadata_glue=None,
-        _skip_glued_replay_view=False,
+        _metadata_glue=(
+            MetadataGlueGraph(device) if envs.SGLANG_ENABLE_METADATA_GLUE_GRAPH.get() else None
+        ),
+        _skip_glued_replay_view=envs.SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW.get(),
         buffers=SimpleNamespace(
             input_ids=torch.zeros(max_tokens, dtype=torch.int64, device=device),
             positions=torch.zeros(max_tokens, dtype=torch.int64, device=device),
@@ -677,13 +683,15 @@ class Arm:
             self.target.init_cuda_graph_state(max_bs, max_bs * tokens)
             self.multi.init_cuda_graph_state(max_bs, max_bs)
             self.extend.init_cuda_graph_state(max_bs, max_bs * tokens)
-        self.memory.graph_state = allocated(sizes.device)
-        backends = {"target verify": self.target, "draft decode": self.multi}
-        backends["draft extend"] = self.extend
-        self.runners = {
-            op: Runner(op, backend, sizes=sizes, graphs=self.graphs, tokens=tokens, reader=reader)
-            for op, backend in backends.items()
-        }
+            self.memory.graph_state = allocated(sizes.device)
+            backends = {"target verify": self.target, "draft decode": self.multi}
+            backends["draft extend"] = self.extend
+            self.runners = {
+                op: Runner(
+                    op, backend, sizes=sizes, graphs=self.graphs, tokens=tokens, reader=reader
+                )
+                for op, backend in backends.items()
+            }
 
     def capture(self, batch_sizes) -> None:
         """Every runner captures every batch size, the largest first (SGLang's order: the target's

@@ -9,7 +9,12 @@ hand the prep; the stand-ins it names for DeepGEMM's schedule, SGLang's JIT top-
 metadata, which a CUDA machine without SGLang's native packages lacks: torch functions, a few
 launches each, where the real ones are one launch each). Three arms of one server (--launch, seeded
 draft steps, --max-bs, a 1M context): ``stock`` (every kill switch off), ``eager``
-(``SGLANG_DSA_METADATA_GLUE=0``), ``glued`` (the plugin's defaults).
+(``SGLANG_DSA_METADATA_GLUE=0``), ``glued`` (the plugin's defaults); and, for the target verify
+alone, SGLang's own glue route as a reference (``sglang glue``: every kill switch off,
+``SGLANG_ENABLE_METADATA_GLUE_GRAPH=1`` and ``SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW=1``, SGLang's
+``_init_replay_attn_metadata`` called without the plugin's hook around it): the least host time a
+replay prep through ``MetadataGlueGraph`` has in SGLang, no line of the plugin's in it (SGLang
+glues only unpadded replays: a padded one is its eager prep through the replay view).
 
 * Host time: per op and live batch size (--bs; a live size below its captured bs replays padded),
   every request at --live tokens; one untimed call, then --calls turns, each timing in turn every
@@ -17,10 +22,11 @@ draft steps, --max-bs, a 1M context): ``stock`` (every kill switch off), ``eager
   glue graph replayed alone (with the stand-ins' launches in it: a real server's graph holds one
   launch where a stand-in makes several), the queue drained before each; medians. The prep call
   is the runner's alone (what ``load_batch`` builds before it, the key included, is not timed).
+  SGLang's glue route: its two eager warm-ups and its capture untimed, then timed in the same turns.
   Then warm: the glued arm's replays (input copies, prep, model graph) --calls times back to back,
-  then each graph's replays likewise, then each graph replayed in the prep's place (the glued
-  arm's replays, the graph timed where the prep runs: after the same input copies), the same
-  medians. Per EAGLE round: the three ops' sum.
+  then SGLang's glue route's, then each graph's replays likewise, then each graph replayed in the
+  prep's place (the glued arm's replays, the graph timed where the prep runs: after the same input
+  copies), the same medians. Per EAGLE round: the three ops' sum.
 * Device time: the same calls between two CUDA events (the queue drained first): for the eager
   arms the span of the prep's launches, for the glued arm the graph's.
 * Memory: per --memory-max-bs, the eager and glued arms each built alone: ``memory_allocated`` and
@@ -44,6 +50,7 @@ from pathlib import Path
 # test/ on the path: the test support (``support``)
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
+import inspect
 import statistics
 import time
 
@@ -62,6 +69,11 @@ from support.bench_cli import (  # noqa: E402
 from support.dsa_backends import LAUNCHES  # noqa: E402
 
 ARMS = ("stock", "eager", "glued")
+SGLANG_GLUE = "sglang glue"  # SGLang's own glue route, the target verify's reference
+SGLANG_GLUE_ENV = {
+    "SGLANG_ENABLE_METADATA_GLUE_GRAPH": "1",
+    "SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW": "1",
+}
 MB = 1e6
 DRY_RUN = dict(max_bs=2, bs=[1, 2], memory_max_bs=[2], calls=1)
 
@@ -103,13 +115,15 @@ def arm_env(label: str) -> dict:
         "stock": dsa_serving.OFF,
         "eager": {**dsa_serving.ON, dsa_serving.GLUE_ENV: "0"},
         "glued": dsa_serving.ON,
+        SGLANG_GLUE: {**dsa_serving.OFF, **SGLANG_GLUE_ENV},
     }[label]
 
 
 def build_arm(label: str, name: str, sizes, captured, req_to_token, *, reader=True):
     from support import dsa_serving
 
-    kernels = dsa_serving.sglang_metadata_kernels(sizes.device) if label == "stock" else None
+    stock = label in ("stock", SGLANG_GLUE)
+    kernels = dsa_serving.sglang_metadata_kernels(sizes.device) if stock else None
     arm = dsa_serving.Arm(
         label,
         arm_env(label),
@@ -159,16 +173,37 @@ def glue_graph(arms: dict, op: str, bs: int):
     return None if state is None else state["graph"]
 
 
+def sglang_glue_route(arm, raw: int, bs: int, tokens: int):
+    """(a call of the target verify's replay prep as SGLang's own glue route makes it, the key it
+    glues under): SGLang's ``_init_replay_attn_metadata`` itself, not the plugin's hook around it,
+    on ``arm``'s decode runner (its ``MetadataGlueGraph`` and skipped replay view)."""
+    from support import dsa_serving
+
+    runner = arm.runners["target verify"].decode_runner
+    batch, kwargs = dsa_serving.replay_prep_arguments(
+        runner, raw_bs=raw, bs=bs, num_tokens=bs * tokens
+    )
+    prep = inspect.unwrap(type(runner)._init_replay_attn_metadata)
+
+    def call() -> None:
+        prep(runner, batch, **kwargs)
+
+    return call, kwargs["glue_key"]
+
+
 def timed_replay(graph) -> float:
     start = time.perf_counter()
     graph.replay()
     return (time.perf_counter() - start) * 1e6
 
 
-def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, live: int):
+def measure_prep(arms: dict, reference, captured, tokens: int, batch_sizes, calls: int, live: int):
     """Per op and live bs: each arm's median host and device microseconds of the runner's prep,
     and in the same turns the host time of one replay of a one-kernel graph and of the glue
-    graph alone."""
+    graph alone; for the target verify, SGLang's own glue route on ``reference`` (the
+    ``sglang glue`` arm) too."""
+    from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph
+
     from support import dsa_serving
 
     rows = []
@@ -187,10 +222,16 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
                 extra = torch.ones(raw, dtype=torch.int32, device=DEVICE)
             for arm in arms.values():  # untimed; a decode runner decides its glue at its first
                 arm.replay(op, bs, seq_lens, slots, extra)
+            route = route_key = None
+            if op == "target verify":  # its warm-ups and capture, untimed
+                route, route_key = sglang_glue_route(reference, raw, bs, tokens)
+                for _ in range(MetadataGlueGraph.NUM_WARMUP + 1):
+                    reference.replay(op, bs, seq_lens, slots, extra, in_place=route)
             graphs = {"graph": floor, "glue graph": glue_graph(arms, op, bs)}
             graphs = {label: graph for label, graph in graphs.items() if graph is not None}
             labels = (*arms, *graphs, "glued warm", *(f"{label} warm" for label in graphs))
             labels += tuple(f"{label} in place" for label in graphs)
+            labels += (SGLANG_GLUE, f"{SGLANG_GLUE} warm")
             host = {label: [] for label in labels}
             device = {label: [] for label in arms}
             for _ in range(calls):
@@ -204,6 +245,11 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
                         end.record()
                         end.synchronize()
                         device[label].append(start.elapsed_time(end) * 1e3)
+                if route is not None:
+                    sync()
+                    host[SGLANG_GLUE].append(
+                        reference.replay(op, bs, seq_lens, slots, extra, in_place=route)
+                    )
                 for label, graph in graphs.items():
                     sync()
                     host[label].append(timed_replay(graph))
@@ -213,6 +259,12 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
                 for _ in range(calls):
                     sync()
                     host["glued warm"].append(arms["glued"].replay(op, bs, seq_lens, slots, extra))
+            if route is not None:
+                for _ in range(calls):
+                    sync()
+                    host[f"{SGLANG_GLUE} warm"].append(
+                        reference.replay(op, bs, seq_lens, slots, extra, in_place=route)
+                    )
             for label, graph in graphs.items():
                 for _ in range(calls):
                     sync()
@@ -229,6 +281,9 @@ def measure_prep(arms: dict, captured, tokens: int, batch_sizes, calls: int, liv
                         )
             sync()
             row = dict(op=op, raw_bs=raw, bs=bs)
+            if route is not None:  # whether SGLang's route replayed a glue graph (unpadded)
+                glue = reference.runners[op].decode_runner._metadata_glue
+                row["sglang_glue_captured"] = glue.is_captured(route_key)
             for label, samples in host.items():
                 if samples:
                     row[f"{label.replace(' ', '_')}_host_us"] = statistics.median(samples)
@@ -308,6 +363,7 @@ def print_prep(rows: list[dict]) -> None:
     header = ["op", "live bs", "captured bs"]
     header += [f"{label} host us" for label in ARMS]
     header += ["one graph replay host us", "glue graph alone host us", "glued / one graph replay"]
+    header += ["SGLang's glue route host us", "SGLang's glue route / one graph replay"]
     header += [f"{label} device us" for label in ARMS]
     print(markdown_header(header))
     for row in rows:
@@ -317,6 +373,8 @@ def print_prep(rows: list[dict]) -> None:
                 + [cell(row[f"{label}_host_us"]) for label in ARMS]
                 + [cell(row.get("graph_host_us")), cell(row.get("glue_graph_host_us"))]
                 + [ratio(row.get("glued_host_us"), row.get("graph_host_us"))]
+                + [route_cell(row, "sglang_glue_host_us")]
+                + [ratio(row.get("sglang_glue_host_us"), row.get("graph_host_us"))]
                 + [cell(row[f"{label}_device_us"]) for label in ARMS]
             )
         )
@@ -324,12 +382,15 @@ def print_prep(rows: list[dict]) -> None:
     print(
         "In place: the graph replayed where the prep runs, after the runner's same input "
         "copies. Around its graph: the glued prep less its glue graph in place (the hooks and "
-        "SGLang's MetadataGlueGraph.run).\n"
+        "SGLang's MetadataGlueGraph.run). SGLang's glue route: the target verify's prep as "
+        "SGLang's own glue replays it, no plugin code in it (padded, marked *: its eager prep).\n"
     )
     header = ["op", "live bs", "captured bs", "glued host us", "one graph replay host us"]
     header += ["one graph replay in place host us", "glue graph alone host us"]
     header += ["glue graph in place host us", "glued around its graph host us"]
     header += ["glued / one graph replay", "glued / one graph replay in place"]
+    header += ["SGLang's glue route host us", "SGLang's glue route / one graph replay"]
+    header += ["SGLang's glue route / one graph replay in place"]
     print(markdown_header(header))
     for row in rows:
         glued, in_place = row.get("glued_warm_host_us"), row.get("glue_graph_in_place_host_us")
@@ -342,6 +403,9 @@ def print_prep(rows: list[dict]) -> None:
                 + [cell(row.get("glue_graph_warm_host_us")), cell(in_place), cell(around)]
                 + [ratio(glued, row.get("graph_warm_host_us"))]
                 + [ratio(glued, row.get("graph_in_place_host_us"))]
+                + [route_cell(row, "sglang_glue_warm_host_us")]
+                + [ratio(row.get("sglang_glue_warm_host_us"), row.get("graph_warm_host_us"))]
+                + [ratio(row.get("sglang_glue_warm_host_us"), row.get("graph_in_place_host_us"))]
             )
         )
     print("\n## Per EAGLE round (draft decode + target verify + draft extend), host us\n")
@@ -358,6 +422,12 @@ def print_prep(rows: list[dict]) -> None:
             )
         )
     print()
+
+
+def route_cell(row: dict, key: str) -> str:
+    """SGLang's glue route's figure, marked * where it prepared eagerly (no glue graph: padded)."""
+    mark = "" if row.get("sglang_glue_captured", True) else "*"
+    return cell(row.get(key)) + (mark if key in row else "")
 
 
 def ratio(a, b) -> str:
@@ -456,11 +526,14 @@ def main(argv=None) -> int:
         with dsa_serving.launch(args.launch, sizes) as (_, captured):
             table = new_req_to_token(sizes, tokens)
             arms = {label: build_arm(label, args.launch, sizes, captured, table) for label in ARMS}
+            reference = build_arm(SGLANG_GLUE, args.launch, sizes, captured, table)
             batch_sizes = [bs for bs in args.bs if bs <= max(captured)]
-            rows = measure_prep(arms, captured, tokens, batch_sizes, args.calls, args.live)
+            rows = measure_prep(
+                arms, reference, captured, tokens, batch_sizes, args.calls, args.live
+            )
             record.update(prep=rows)
             record["captures"] = {role: list(times) for role, times in captures.items()}
-            del arms, table
+            del arms, reference, table
         print_prep(rows)
         print_captures(record["captures"])
         print_memory(memory)

@@ -1,5 +1,6 @@
-"""The metadata-glue benchmark's dry run, on the CPU: it builds the three arms, prints and writes every
-table (the prep per op and live batch size, per EAGLE round, the glue captures, the memory)."""
+"""The metadata-glue benchmark's dry run, on the CPU: it builds the three arms and SGLang's own glue
+route, prints and writes every table (the prep per op and live batch size, per EAGLE round, the glue
+captures, the memory)."""
 
 import json
 from pathlib import Path
@@ -35,5 +36,8 @@ def test_the_dry_run_prints_every_table(fresh_switches, sglang_targets_restored,
         for op in ("target verify", "draft extend", "draft decode")
         for bs in bench.DRY_RUN["bs"]
     }
+    verify = [row for row in written["prep"] if row["op"] == "target verify"]
+    assert all(row["sglang_glue_captured"] for row in verify)  # SGLang's own route replayed it
+    assert all(row["sglang_glue_host_us"] > 0 for row in verify)
     assert sorted(written["captures"]) == ["draft decode", "draft extend v2", "target verify"]
     assert all(len(keys) == 2 for keys in written["captures"].values())  # SGLang's list: 1, 2

@@ -182,13 +182,14 @@ HOOKS: tuple[PluginHook, ...] = (
         f"{_OURS}.dsa_graph_page_tables:steps_graph_state",
     ),
     # Metadata glue (beyond the spec): every DSA runner's replay prep, padded replays too, through
-    # SGLang's MetadataGlueGraph: the decode runner's own route (target verify, plain decode), a glue
-    # per draft runner held by the plugin (draft extend here, MTP draft decode above).
+    # SGLang's MetadataGlueGraph: the decode runner's own route (target verify, plain decode; the
+    # replays it leaves to its replay view here), a glue per draft runner held by the plugin (draft
+    # extend here, MTP draft decode above).
     PluginHook(
         _GLUE,
-        sg.DECODE_RUNNER_REPLAY_PREP,
+        sg.DECODE_RUNNER_VIEW_PREP,
         HookType.AROUND,
-        f"{_OURS}.dsa_metadata_glue:glue_replay_prep",
+        f"{_OURS}.dsa_metadata_glue:glue_replay_view_prep",
     ),
     PluginHook(
         _GLUE,

@@ -97,17 +97,11 @@ DRAFT_EXTEND_EXECUTE = f"{EXTEND_RUNNER}.execute"
 INIT_ATTENTION_BACKENDS = f"{EAGLE_V2}.init_attention_backends"
 EAGLE_SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
 VERIFY_TREE_GREEDY = "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_func"
-DECODE_RUNNER_REPLAY_PREP = f"{DECODE_RUNNER}._init_replay_attn_metadata"
+DECODE_RUNNER_VIEW_PREP = f"{DECODE_RUNNER}._init_replay_attn_metadata_from_view"
 DSA_METADATA_OUT_GRAPH = f"{DSA}.init_forward_metadata_out_graph"
-# The keyword-only parameters of the decode runner's replay prep, which its hook names.
-REPLAY_PREP_KEYWORDS = (
-    "raw_bs",
-    "bs",
-    "num_tokens",
-    "glue_key",
-    "early_staged",
-    "attention_variant",
-)
+# The keyword-only parameters of the decode runner's replay prep through its replay view, which
+# its hook names.
+VIEW_PREP_KEYWORDS = ("raw_bs", "bs", "num_tokens", "glue_key", "attention_variant")
 
 # The classes that get an attribute of the plugin's (hooks.ATTRIBUTES).
 LOGITS_PROCESSOR = f"{LOGITS}.LogitsProcessor"
@@ -167,11 +161,23 @@ SURFACE: tuple[Name, ...] = (
         f"{DECODE_RUNNER}._early_verify_metadata",
         instance=(f"{DECODE_RUNNER}._early_verify_metadata",),
     ),
-    Name(
-        DECODE_RUNNER_REPLAY_PREP,
+    *_names(
         _GLUE,
-        "the replay prep whose keyword-only parameters the glue's hook takes by name",
-        keywords=REPLAY_PREP_KEYWORDS,
+        "the decode runner's own glue route: its replay prep replays a captured key of its "
+        "_metadata_glue for an unpadded batch, with _skip_glued_replay_view without the replay "
+        "view; the key of a replay",
+        f"{DECODE_RUNNER}._init_replay_attn_metadata",
+        f"{DECODE_RUNNER}._metadata_glue",
+        f"{DECODE_RUNNER}._skip_glued_replay_view",
+        f"{DECODE_RUNNER}._glue_key",
+        instance=(f"{DECODE_RUNNER}._metadata_glue", f"{DECODE_RUNNER}._skip_glued_replay_view"),
+    ),
+    Name(
+        DECODE_RUNNER_VIEW_PREP,
+        _GLUE,
+        "the replay prep through the replay view, whose keyword-only parameters the glue's hook "
+        "takes by name",
+        keywords=VIEW_PREP_KEYWORDS,
     ),
 )
 
@@ -329,3 +335,24 @@ def outplace_all_reduce_method(group_view, probe, *, should_use_pymscclpp_allred
 def early_verify_metadata(runner):
     """The decode runner's early-staged verify metadata (DSpark), or None."""
     return runner._early_verify_metadata
+
+
+def runner_glue_route(runner) -> tuple:
+    """The decode runner's own glue route: (the ``MetadataGlueGraph`` it replays, or None; whether
+    a glued replay skips the replay view)."""
+    return runner._metadata_glue, runner._skip_glued_replay_view
+
+
+def set_runner_glue_route(runner, glue, skip_view: bool) -> None:
+    """Point the decode runner's own glue route at ``glue`` (a ``MetadataGlueGraph``, or None: no
+    route): from its next replay on, its replay prep replays each key ``glue`` has captured for an
+    unpadded batch itself (``MetadataGlueGraph.replay``; with ``skip_view``, without building the
+    replay view first), and calls its prep through the replay view for every other replay."""
+    runner._metadata_glue = glue
+    runner._skip_glued_replay_view = skip_view
+
+
+def replay_glue_key(runner, bs: int, forward_mode, attention_variant) -> tuple:
+    """The key the decode runner glues a replay of ``forward_mode`` at the captured ``bs`` under,
+    as its ``load_batch`` computes it."""
+    return runner._glue_key(bs, str(forward_mode), attention_variant)

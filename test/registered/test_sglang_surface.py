@@ -56,6 +56,10 @@ def test_the_surface_lists_every_private_name_and_every_hook_target():
         "_is_graph_mode_supported",
         "_early_verify_metadata",
         "_init_replay_attn_metadata",
+        "_metadata_glue",
+        "_skip_glued_replay_view",
+        "_glue_key",
+        "_init_replay_attn_metadata_from_view",
     }
 
 
@@ -77,18 +81,19 @@ def test_an_instance_attribute_is_probed_by_its_store_in_init():
 
 
 def test_a_function_is_probed_by_its_keyword_only_parameters():
-    prep = sglang_surface.DECODE_RUNNER_REPLAY_PREP
-    keywords = sglang_surface.REPLAY_PREP_KEYWORDS
+    prep = sglang_surface.DECODE_RUNNER_VIEW_PREP
+    keywords = sglang_surface.VIEW_PREP_KEYWORDS
     assert sglang_surface.resolves(Name(prep, (), "", keywords=keywords))
     assert not sglang_surface.resolves(Name(prep, (), "", keywords=keywords[:-1]))
     assert not sglang_surface.resolves(Name(prep, (), "", keywords=(*keywords, "a_new_one")))
     assert not sglang_surface.resolves(Name(f"{prep}_renamed", (), "", keywords=keywords))
 
 
-def test_the_glue_hook_names_the_replay_preps_keywords():
-    from sglang_dsa_mtp.integration.dsa_metadata_glue import glue_replay_prep
+def test_the_glue_hook_names_the_view_preps_keywords():
+    from sglang_dsa_mtp.integration.dsa_metadata_glue import glue_replay_view_prep
 
-    assert sglang_surface.keyword_only(glue_replay_prep) == sglang_surface.REPLAY_PREP_KEYWORDS
+    keywords = sglang_surface.VIEW_PREP_KEYWORDS
+    assert sglang_surface.keyword_only(glue_replay_view_prep) == keywords
 
 
 def test_a_name_sglang_lacks_turns_off_the_features_that_need_it_naming_it(

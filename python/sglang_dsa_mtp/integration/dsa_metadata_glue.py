@@ -16,11 +16,12 @@ backend, and captures each key while serving, each in a memory pool of its own. 
   The MTP draft decode does the same from ``dsa_mtp_draft_metadata``'s hook. What a prep allocates
   inside its capture goes to one memory pool that every glue graph of the process shares
   (:func:`glue_pool`), not to a pool per key;
-* **target verify and plain decode** (``DecodeCudaGraphRunner``): AROUND
-  ``_init_replay_attn_metadata``, a replay whose key (SGLang's ``glue_key``: captured bs, capture
-  mode, mode) its backend's glue captured is that graph's replay (``MetadataGlueGraph.replay``, as
-  SGLang's own route replays a key), padded or not; the runner keeps SGLang's own glue, if any,
-  for the rest;
+* **target verify and plain decode** (``DecodeCudaGraphRunner``): SGLang's own glue route, pointed
+  at the backend's glue at the runner's first replay: an unpadded replay of a captured key
+  (SGLang's ``glue_key``: captured bs, capture mode, mode) is that graph's replay in SGLang's
+  replay prep (``MetadataGlueGraph.replay``, no replay view), with no code of the plugin's; every
+  other replay comes to the hook AROUND ``_init_replay_attn_metadata_from_view``, where a padded
+  replay of a captured key is that graph's replay too and the rest is SGLang's eager prep;
 * **the EAGLE draft extend** (which SGLang never glues): each replay through the backend's glue;
 * **the MTP draft decode** (likewise): each replay through the multi-step backend's glue, reading
   the runner's input buffers as captured (an unpadded replay hands the prep the batch's own tensors,
@@ -31,13 +32,15 @@ while serving. Why each prep is constant per key, padded replays included, line 
 docs/glue-audit.md. A glue takes a :class:`GluedPrep` (the prep and the backends whose
 ``forward_metadata`` it snapshots). A glue whose capture raises turns itself off for its runner
 (SGLang's class); any other error at a hook site sends that runner to the eager prep for good,
-logged once at ERROR. :func:`glue_counts` says what each glue served.
+logged once at ERROR (a decode runner's route then goes back to the glue it had).
+:func:`glue_counts` says what each glue served.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -105,7 +108,10 @@ def glue_counts(owner, kind: type) -> GlueCounts | None:
     decode runner, :class:`BackendState` for the draft-extend backend, :class:`MultiStepState` for
     the multi-step backend); None before it was decided."""
     state = peek(owner, kind).glue
-    return None if state.reason == UNDECIDED else state.counts
+    if state.reason == UNDECIDED:
+        return None
+    replays = 0 if state.graphs is None else state.graphs.replays
+    return GlueCounts(replays, state.padded, Counter(state.eager_by_reason))
 
 
 def captured_glue(owner, kind: type = BackendState):
@@ -173,21 +179,20 @@ def _capture_key(state: GlueState, forward_batch, key) -> None:
         state.keys[forward_batch.batch_size] = key
 
 
-def _run(state: GlueState, forward_batch, key, *, padded: bool) -> bool:
-    """A replay's prep through ``state``'s glue as the graph captured under ``key`` (None: no key
-    was captured for this replay), counted; False where it did not run there (no key, the glue
-    turned itself off, or it raised: that glue off from now on), and the caller runs the
-    eager prep, which rewrites every buffer the graph writes."""
+def _run(state: GlueState, key, *, padded: bool) -> bool:
+    """A replay's prep as the graph ``state``'s glue captured under ``key`` (None: no key was
+    captured for this replay) replays it, as SGLang's own route replays a key; False where it did
+    not run there (no key, the glue turned itself off, or it raised: that glue off from now on),
+    counted, and the caller runs the eager prep, which rewrites every buffer the graph writes."""
     if key is None or state.graphs.disabled:
         state.eager(OFF if state.graphs.disabled else NOT_CAPTURED)
         return False
     try:
-        state.graphs.run(state.prep, forward_batch, key)  # a captured key: one graph replay
+        state.graphs.replay(key)
     except Exception as exc:
         _failed(state, exc)
         return False
-    state.counts.routed += 1
-    state.counts.padded += padded
+    state.padded += padded
     return True
 
 
@@ -237,8 +242,7 @@ def dsa_prep(original, self, forward_batch, in_capture=False):
     if forward_batch.forward_mode.is_draft_extend_v2():
         state = state_of(self, BackendState).glue
         if state.reason is None:
-            key = state.keys.get(forward_batch.batch_size)
-            if _run(state, forward_batch, key, padded=False):
+            if _run(state, state.keys.get(forward_batch.batch_size), padded=False):
                 return None
     return original(self, forward_batch)  # it rewrites every buffer a failed glue wrote
 
@@ -291,7 +295,7 @@ def _why_not_runner(runner) -> str | None:
     return None
 
 
-def glue_replay_prep(
+def glue_replay_view_prep(
     original,
     self,
     forward_batch,
@@ -300,25 +304,30 @@ def glue_replay_prep(
     bs,
     num_tokens,
     glue_key,
-    early_staged,
     attention_variant,
 ):
-    """AROUND ``DecodeCudaGraphRunner._init_replay_attn_metadata``, taking its keywords by name
-    (``sglang_surface.REPLAY_PREP_KEYWORDS``, probed before the hook is registered: a catch-all
-    dict would cost every replay about a microsecond of the GPU host's). ``early_staged`` is never
-    true here: a runner whose verify metadata SGLang stages early keeps its own prep."""
-    state = state_of(self, RunnerState).glue
-    if state.reason == UNDECIDED:
+    """AROUND ``DecodeCudaGraphRunner._init_replay_attn_metadata_from_view``: a replay its own glue
+    route did not replay (its first, a padded one, a key not captured), taking its keywords by
+    name (``sglang_surface.VIEW_PREP_KEYWORDS``, probed before the hook is registered: a catch-all
+    dict would cost every replay about a microsecond of the GPU host's). At the first, the runner
+    decides, and its route is pointed at its backend's glue; a replay of a captured key is that
+    graph's replay, padded or not; any other keeps SGLang's eager prep (not SGLang's capture while
+    serving)."""
+    state = state_of(self, RunnerState)
+    glue = state.glue
+    if glue.reason == UNDECIDED:
         _decide(
-            state,
-            _runner_role(self),
-            lambda: _why_not_runner(self),
-            lambda s: _serve_by_backend(s, self),
+            glue, _runner_role(self), lambda: _why_not_runner(self), lambda _: _route(state, self)
         )
-    if state.reason is None:
-        captured = glue_key if state.keys.get(bs) == glue_key else None  # not another mode's
-        if _run(state, forward_batch, captured, padded=raw_bs != bs):
+    if glue.reason is None:
+        # The key captured for bs is this replay's where it replays the capture mode (_route
+        # checked each against SGLang's key of that replay).
+        key = glue.keys.get(bs) if forward_batch.forward_mode is self.capture_forward_mode else None
+        if _run(glue, key, padded=raw_bs != bs):
             return None
+        if glue.reason is not None:  # it raised: the route back to the glue the runner had
+            sglang_surface.set_runner_glue_route(self, *state.sglang_route)
+        glue_key = None
     return original(
         self,
         forward_batch,
@@ -326,15 +335,26 @@ def glue_replay_prep(
         bs=bs,
         num_tokens=num_tokens,
         glue_key=glue_key,
-        early_staged=early_staged,
         attention_variant=attention_variant,
     )
 
 
-def _serve_by_backend(state: GlueState, runner) -> None:
-    """The decode runner served by its backend's glue: its graphs, prep and captured keys."""
-    backend = peek(runner.attn_backend, BackendState).glue
-    state.graphs, state.prep, state.keys = backend.graphs, backend.prep, backend.keys
+def _route(state: RunnerState, runner) -> None:
+    """The decode runner served by its backend's glue (its graphs, prep and captured keys), SGLang's
+    own glue route pointed at it; the glue the runner had (SGLang's, made by its own switch, not
+    used yet: this is its first replay prep) kept to be given back. Each captured key must be the
+    key SGLang's route looks up for a replay of the runner's capture mode at its bs."""
+    glue, backend = state.glue, peek(runner.attn_backend, BackendState).glue
+    mode = runner.capture_forward_mode
+    for bs, key in backend.keys.items():
+        expected = sglang_surface.replay_glue_key(runner, bs, mode, None)
+        if key != expected:
+            raise LookupError(
+                f"the glue captured bs {bs} as {key}, SGLang replays it as {expected}"
+            )
+    glue.graphs, glue.prep, glue.keys = backend.graphs, backend.prep, backend.keys
+    state.sglang_route = sglang_surface.runner_glue_route(runner)
+    sglang_surface.set_runner_glue_route(runner, backend.graphs, skip_view=True)
 
 
 def _runner_role(runner) -> str:
@@ -388,5 +408,4 @@ def mtp_replay(multi, forward_batch) -> bool:
         ):
             state.eager("padded inputs not the captured buffers")
             return False
-    key = state.keys.get(forward_batch.batch_size)
-    return _run(state, forward_batch, key, padded=bool(padded))
+    return _run(state, state.keys.get(forward_batch.batch_size), padded=bool(padded))

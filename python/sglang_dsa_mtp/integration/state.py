@@ -23,8 +23,9 @@ UNDECIDED = "not decided yet"
 
 @dataclass
 class GlueCounts:
-    """What one runner's metadata glue served: replays routed to it (``padded`` of them), and
-    replays whose prep ran eagerly, by reason."""
+    """What one runner's metadata glue served: its glue graphs' replays (``routed``, SGLang's own
+    count, ``MetadataGlueGraph.replays``; ``padded`` of them), and replays whose prep ran eagerly,
+    by reason."""
 
     routed: int = 0
     padded: int = 0
@@ -43,10 +44,11 @@ class GlueState:
     prep: Any = None
     keys: dict = field(default_factory=dict)
     inputs: dict = field(default_factory=dict)  # MTP draft decode: bs -> its captured inputs
-    counts: GlueCounts = field(default_factory=GlueCounts)
+    padded: int = 0  # glue graph replays of a padded batch
+    eager_by_reason: Counter = field(default_factory=Counter)
 
     def eager(self, why: str) -> None:
-        self.counts.eager[why] += 1
+        self.eager_by_reason[why] += 1
 
 
 @dataclass
@@ -54,6 +56,10 @@ class RunnerState:
     """A ``DecodeCudaGraphRunner`` (target verify, plain decode)."""
 
     glue: GlueState = field(default_factory=GlueState)
+    # SGLang's own glue route as the runner had it before it was pointed at the plugin's glue (its
+    # glue, None unless SGLANG_ENABLE_METADATA_GLUE_GRAPH made one, and whether it skips the replay
+    # view), given back if the plugin's glue fails.
+    sglang_route: tuple = (None, False)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from support.sglang_import import require_sglang
 
 require_sglang()
 
+from sglang_dsa_mtp import sglang_surface
 from sglang_dsa_mtp.integration import dsa_metadata_glue as glue
 from sglang_dsa_mtp.integration.state import BackendState, MultiStepState, RunnerState, peek
 from support import dsa_backends as kit
@@ -106,7 +107,9 @@ def test_every_runner_glues_every_captured_bs_at_capture_and_replays_padded_and_
         assert counts.routed == len(ROUNDS) and not counts.eager, (op, counts)
     runner = on.runners["target verify"].decode_runner
     assert glue.captured_glue(runner, RunnerState) is glue.captured_glue(on.target)
-    assert runner._metadata_glue is None, "SGLang's runner keeps its own glue (none by default)"
+    # SGLang's own glue route replays the backend's glue, without the replay view
+    assert runner._metadata_glue is glue.captured_glue(on.target)
+    assert runner._skip_glued_replay_view
     assert glue.glue_counts(runner, RunnerState).padded == 1  # bs 3 from 2 requests
     assert glue.glue_counts(on.multi, MultiStepState).padded == 1
     for op, (graph, counts) in serving_loop.arm_glues(off).items():
@@ -132,6 +135,32 @@ def test_a_glued_replay_runs_no_prep_on_the_host(arms, hooked):
     for op in dsa_serving.OPS:
         on.replay(op, 2, *(dsa_serving.request_tensor(v, "cpu") for v in ([9, 9], [1, 2])))
     assert not [b for b in ran if b in on.backends().values()]
+
+
+def test_sglangs_own_route_replays_an_unpadded_captured_key_with_no_code_of_the_plugins(
+    arms, hooked
+):
+    """From the decode runner's second replay on, SGLang's own glue route replays each captured key
+    of an unpadded batch: its replay prep never calls the prep through the replay view, where the
+    plugin's hook sits. The first replay (which points the route at the glue) and a padded one go
+    through the hook, to the same glue; with the plugin off, every replay takes the view."""
+    on, off = arms()
+    views = {arm.name: [] for arm in (on, off)}
+    for arm in (on, off):
+        runner = arm.runners["target verify"].decode_runner
+        view_prep = type(runner)._init_replay_attn_metadata_from_view  # the hook around SGLang's
+
+        def counted(*args, runner=runner, calls=views[arm.name], **kwargs):
+            calls.append((kwargs["raw_bs"], kwargs["bs"]))
+            return view_prep(runner, *args, **kwargs)
+
+        hooked.setattr(runner, "_init_replay_attn_metadata_from_view", counted)
+    for lengths, slots, bs in ROUNDS:
+        assert replay_both(on, off, "target verify", lengths, slots, bs) == [], bs
+    assert views["on"] == [(3, 3), (2, 3)]  # the first replay, the padded one
+    assert views["off"] == [(len(lengths), bs) for lengths, _, bs in ROUNDS]
+    graph, counts = serving_loop.arm_glues(on)["target verify"]
+    assert graph.replays == len(ROUNDS) and counts.padded == 1 and not counts.eager
 
 
 def test_the_switch_off_keeps_every_prep_eager_and_says_so(arms, caplog):
@@ -164,19 +193,39 @@ def test_a_capture_that_raises_turns_that_glue_off_and_the_prep_stays_right(arms
 
 
 def test_an_error_at_the_runner_hook_site_sends_that_runner_to_the_eager_prep(arms, hooked, caplog):
+    """The glue raising at the hook site (here: its replay, at the runner's first replay prep)
+    turns the runner's glue off, logged once at ERROR, and gives SGLang's route back the glue it
+    had (none): every replay eager, right."""
     on, off = arms()
 
     def broken(*args, **kwargs):
         raise RuntimeError("planted")
 
-    hooked.setattr(glue.captured_glue(on.target), "run", broken)
+    hooked.setattr(glue.captured_glue(on.target), "replay", broken)
     with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
         for lengths, slots, bs in ROUNDS:
             assert replay_both(on, off, "target verify", lengths, slots, bs) == []
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len([e for e in errors if "metadata glue is off" in e]) == 1, errors
-    state = peek(on.runners["target verify"].decode_runner, RunnerState).glue
-    assert state.reason == "raised RuntimeError: planted"
+    runner = on.runners["target verify"].decode_runner
+    assert peek(runner, RunnerState).glue.reason == "raised RuntimeError: planted"
+    assert runner._metadata_glue is None and not runner._skip_glued_replay_view
+    assert glue.captured_glue(on.target).replays == 0
+
+
+def test_a_runner_whose_captured_keys_are_not_sglangs_keeps_its_prep_eager(arms, hooked, caplog):
+    """At the runner's first replay prep every key its backend's glue captured is checked against
+    the key SGLang's route looks up (here another): the route stays SGLang's, logged at ERROR."""
+    on, off = arms()
+    hooked.setattr(sglang_surface, "replay_glue_key", lambda *args: ("another key",))
+    with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
+        for lengths, slots, bs in ROUNDS:
+            assert replay_both(on, off, "target verify", lengths, slots, bs) == []
+    runner = on.runners["target verify"].decode_runner
+    reason = peek(runner, RunnerState).glue.reason
+    assert reason.startswith("the gate raised LookupError: the glue captured bs 3 as"), reason
+    assert runner._metadata_glue is None and glue.captured_glue(on.target).replays == 0
+    assert [r for r in caplog.records if r.levelno == logging.ERROR]
 
 
 def test_the_draft_extend_keeps_its_prep_eager_where_it_reads_the_rounds_accept_lengths(
@@ -214,11 +263,12 @@ def test_the_decode_runner_declines_a_backend_that_is_not_dsas(hooked):
         max_tokens=2,
     )
     ran = []
-    hooked.setattr(runner, "_init_replay_attn_metadata_from_view", lambda *a, **k: ran.append(k))
-    dsa_serving.replay_prep(runner, raw_bs=1, bs=2, num_tokens=2)
+    forward_batch, kwargs = dsa_serving.replay_prep_arguments(runner, raw_bs=1, bs=2, num_tokens=2)
+    del kwargs["early_staged"]  # not the view prep's
+    glue.glue_replay_view_prep(lambda *a, **k: ran.append(k), runner, forward_batch, **kwargs)
     reason = peek(runner, RunnerState).glue.reason
     assert reason == "its attention backend is SimpleNamespace, not DSA's"
-    assert runner._metadata_glue is None and ran[0]["glue_key"] is None
+    assert runner._metadata_glue is None and ran[0]["glue_key"] == kwargs["glue_key"]
 
 
 def test_a_bs_not_captured_with_the_servers_graphs_stays_eager_and_is_counted(arms, hooked):

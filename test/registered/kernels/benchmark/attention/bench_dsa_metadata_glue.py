@@ -11,10 +11,9 @@ launches each, where the real ones are one launch each). Three arms of one serve
 draft steps, --max-bs, a 1M context): ``stock`` (every kill switch off), ``eager``
 (``SGLANG_DSA_METADATA_GLUE=0``), ``glued`` (the plugin's defaults); and, for the target verify
 alone, SGLang's own glue route as a reference (``sglang glue``: every kill switch off,
-``SGLANG_ENABLE_METADATA_GLUE_GRAPH=1`` and ``SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW=1``, SGLang's
-``_init_replay_attn_metadata`` called without the plugin's hook around it): the least host time a
-replay prep through ``MetadataGlueGraph`` has in SGLang, no line of the plugin's in it (SGLang
-glues only unpadded replays: a padded one is its eager prep through the replay view).
+``SGLANG_ENABLE_METADATA_GLUE_GRAPH=1`` and ``SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW=1``): the least host
+time a replay prep through ``MetadataGlueGraph`` has in SGLang, no line of the plugin's in it
+(SGLang glues only unpadded replays: a padded one is its eager prep through the replay view).
 
 * Host time: per op and live batch size (--bs; a live size below its captured bs replays padded),
   every request at --live tokens; one untimed call, then --calls turns, each timing in turn every
@@ -50,7 +49,6 @@ from pathlib import Path
 # test/ on the path: the test support (``support``)
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
-import inspect
 import statistics
 import time
 
@@ -174,19 +172,17 @@ def glue_graph(arms: dict, op: str, bs: int):
 
 
 def sglang_glue_route(arm, raw: int, bs: int, tokens: int):
-    """(a call of the target verify's replay prep as SGLang's own glue route makes it, the key it
-    glues under): SGLang's ``_init_replay_attn_metadata`` itself, not the plugin's hook around it,
-    on ``arm``'s decode runner (its ``MetadataGlueGraph`` and skipped replay view)."""
+    """(a call of the target verify's replay prep on ``arm``'s decode runner, whose own glue route
+    SGLang's switches turned on, the key it glues the replay under)."""
     from support import dsa_serving
 
     runner = arm.runners["target verify"].decode_runner
     batch, kwargs = dsa_serving.replay_prep_arguments(
         runner, raw_bs=raw, bs=bs, num_tokens=bs * tokens
     )
-    prep = inspect.unwrap(type(runner)._init_replay_attn_metadata)
 
     def call() -> None:
-        prep(runner, batch, **kwargs)
+        runner._init_replay_attn_metadata(batch, **kwargs)
 
     return call, kwargs["glue_key"]
 
@@ -381,8 +377,8 @@ def print_prep(rows: list[dict]) -> None:
     print("\n## Warm: the glued prep and the graphs, each repeated alone, host us\n")
     print(
         "In place: the graph replayed where the prep runs, after the runner's same input "
-        "copies. Around its graph: the glued prep less its glue graph in place (the hooks and "
-        "SGLang's MetadataGlueGraph.run). SGLang's glue route: the target verify's prep as "
+        "copies. Around its graph: the glued prep less its glue graph in place (the plugin's hooks "
+        "or SGLang's glue route, and its MetadataGlueGraph). SGLang's glue route: the target verify's prep as "
         "SGLang's own glue replays it, no plugin code in it (padded, marked *: its eager prep).\n"
     )
     header = ["op", "live bs", "captured bs", "glued host us", "one graph replay host us"]

@@ -405,14 +405,6 @@ def replay_prep_arguments(runner, *, raw_bs: int, bs: int, num_tokens: int) -> t
     )
 
 
-def replay_prep(runner, *, raw_bs: int, bs: int, num_tokens: int) -> None:
-    """The decode runner's replay prep, as ``load_batch`` calls it (:func:`replay_prep_arguments`)."""
-    forward_batch, kwargs = replay_prep_arguments(
-        runner, raw_bs=raw_bs, bs=bs, num_tokens=num_tokens
-    )
-    runner._init_replay_attn_metadata(forward_batch, **kwargs)
-
-
 class Runner:
     """One graph runner of an arm, as its attention backend sees it.
 

@@ -340,7 +340,7 @@ def glue_replay_view_prep(
 
 
 def _route(state: RunnerState, runner) -> None:
-    """The decode runner served by its backend's glue (its graphs, prep and captured keys), SGLang's
+    """The decode runner served by its backend's glue (its graphs and captured keys), SGLang's
     own glue route pointed at it; the glue the runner had (SGLang's, made by its own switch, not
     used yet: this is its first replay prep) kept to be given back. Each captured key must be the
     key SGLang's route looks up for a replay of the runner's capture mode at its bs."""
@@ -352,7 +352,7 @@ def _route(state: RunnerState, runner) -> None:
             raise LookupError(
                 f"the glue captured bs {bs} as {key}, SGLang replays it as {expected}"
             )
-    glue.graphs, glue.prep, glue.keys = backend.graphs, backend.prep, backend.keys
+    glue.graphs, glue.keys = backend.graphs, backend.keys
     state.sglang_route = sglang_surface.runner_glue_route(runner)
     sglang_surface.set_runner_glue_route(runner, backend.graphs, skip_view=True)
 

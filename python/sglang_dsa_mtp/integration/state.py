@@ -39,7 +39,7 @@ class GlueState:
     reason: str | None = UNDECIDED  # why its prep stays eager; None when the glue serves it
     what: str = ""  # the runner or backend, in words (its log lines), named when decided
     # Its MetadataGlueGraph, the GluedPrep that graph captures and bs -> the key captured for it
-    # (a decode runner: its backend's, shared).
+    # (a decode runner: its backend's graphs and keys, shared; it captures nothing, so no prep).
     graphs: Any = None
     prep: Any = None
     keys: dict = field(default_factory=dict)

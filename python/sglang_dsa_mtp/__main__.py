@@ -10,16 +10,18 @@ the platform decide, which the status says), so that it takes about as long as i
 loads this plugin, every kill-switch value is valid and every self-check passes; 1 when the loader
 leaves the plugin out, a value is invalid or a check fails; 2 on a bad command line. The rows come
 from :mod:`sglang_dsa_mtp.status`, the checks from :mod:`sglang_dsa_mtp.selfcheck`, which only
-this command imports, and only when it runs them.
+this command imports, and only when it runs them. A non-zero exit ends with one line on stderr,
+``python -m sglang_dsa_mtp: error: ...``, that names every reason for it, separated by ``; ``.
 
-Every line on the screen is at most :data:`WIDTH` columns. The tables go to stdout: a table's last
-column wraps under its own start, a self-check's detail goes on the lines below its row. This
-package's log records go to stderr as ``LEVEL sglang_dsa_mtp: ...`` (each message carries its
-``sglang_dsa_mtp:`` prefix, which is what names them in SGLang's server log, whose format has no
-logger names), wrapped under the message's start. An invalid kill-switch value shows first, as the
-one error the server logs for it; its rows point to it. SGLang's own import-time warnings about a
-machine without CUDA (``SGLANG_IMPORT_WARNINGS``, ``SGLANG_IMPORT_LOG_LINES``) are not about this
-plugin and are kept off this screen; any other warning is shown as usual.
+Every line on the screen but that last one is at most :data:`WIDTH` columns. The tables go to
+stdout: a table's last column wraps under its own start, a self-check's detail goes on the lines
+below its row. This package's log records go to stderr as ``LEVEL sglang_dsa_mtp: ...`` (each
+message carries its ``sglang_dsa_mtp:`` prefix, which is what names them in SGLang's server log,
+whose format has no logger names), wrapped under the message's start. An invalid kill-switch value
+shows first, as the one error the server logs for it; its rows and the last line point to it.
+SGLang's own import-time warnings about a machine without CUDA (``SGLANG_IMPORT_WARNINGS``,
+``SGLANG_IMPORT_LOG_LINES``) are not about this plugin and are kept off this screen; any other
+warning is shown as usual.
 """
 
 from __future__ import annotations
@@ -246,14 +248,18 @@ def main(argv: Sequence[str] = ()) -> int:
     )
     with log_to_screen():
         with quiet_sglang_import():
-            from sglang_dsa_mtp.switches import SWITCHES
+            from sglang_dsa_mtp.switches import ACCEPTED, SWITCHES
 
             # First on the screen: the error the server logs for an invalid value, once.
             invalid = [switch for switch in SWITCHES if switch.value_error()]
             for switch in invalid:
                 switch.state()
             discovered = _print_status(device, device_note, resolve=not args.no_checks)
-        problems = []
+        # Every reason for a non-zero exit, named again on the last line.
+        problems = [
+            f"{switch.value_error().removesuffix(f' ({ACCEPTED})')} (see above)"
+            for switch in invalid
+        ]
         if not discovered:
             problems.append(
                 "SGLang's plugin loader does not load this plugin (see 'plugin loader')"
@@ -262,9 +268,9 @@ def main(argv: Sequence[str] = ()) -> int:
             print(f"  self-checks ({device_note}): skipped (--no-checks)")
         else:
             problems += [f"self-check {name!r} failed" for name in _run_checks(device, device_note)]
-    for problem in problems:
-        print(f"python -m sglang_dsa_mtp: error: {problem}", file=sys.stderr)
-    return 1 if problems or invalid else 0
+    if problems:
+        print(f"python -m sglang_dsa_mtp: error: {'; '.join(problems)}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
 """The repository speaks to its users: every file the docs cite is in the repository, no path of a
 particular machine or name of a remote-execution setup, no fact that rests on a machine or a source
 the reader cannot see ("the GPU machine", "the design review"), "the spec" says what it is, a plot
-command names a data file that ships, the measured test count is stated once (docs/testing.md), the
-SGLang wheel folder is ignored by git; every figure or condition the docs repeat (``FACTS``) equals
-its source (a constant of the code, a point of the data under docs/data, the page that states a
-measurement) on every page, README's headline figures are the results.md rows they link to, and
-spec.md's status is the one the sweep's data holds."""
+command names a data file that ships, the test counts are stated once (docs/testing.md) and are
+what pytest collects, the SGLang wheel folder is ignored by git; every figure or condition the docs
+repeat (``FACTS``) equals its source (a constant of the code, a point of the data under docs/data,
+the page that states a measurement) on every page, README's headline figures are the results.md
+rows they link to, results.md names the GPU of the data it cites, and spec.md's status is the one
+the sweep's data holds."""
 
 import json
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,12 +161,42 @@ def test_a_plot_command_draws_from_a_data_file_that_ships(doc):
         assert (ROOT / name).is_file(), f"{doc.name}: --plot-from {name} is not in the repository"
 
 
-def test_the_measured_test_count_is_stated_once():
-    """One sentence of docs/testing.md carries the measured CPU run, so that one edit updates it;
-    README states no count of its own and links to that page."""
+# The one sentence of docs/testing.md that states the suite's size: all tests, then the GPU ones.
+COLLECTED = r"The suite collects (\d[\d,]*) tests \([^)]*\), (\d[\d,]*) of them GPU tests"
+
+
+@pytest.fixture(scope="module")
+def collected() -> dict[str, int]:
+    """What pytest collects under test/registered: every test and those marked ``gpu``, from one
+    collection (``-m gpu`` deselects the others and the summary counts both)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "test/registered", "--collect-only", "-q", "-m", "gpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    counts = re.search(r"^(\d+)/(\d+) tests collected", done.stdout, flags=re.M)
+    assert done.returncode == 0 and counts, done.stdout[-2000:] + done.stderr[-2000:]
+    return {"tests": int(counts[2]), "gpu": int(counts[1])}
+
+
+def test_the_test_counts_are_stated_once_and_are_what_pytest_collects(collected):
+    """One sentence of docs/testing.md states the suite's size, so that one edit updates it, and it
+    is the size pytest collects now (a count of an older tree, or a pass count that does not add
+    up to it, fails); README states no count of its own and links to that page."""
     testing = (ROOT / "docs" / "testing.md").read_text()
-    assert len(re.findall(r"\b\d[\d,]* passed\b", testing)) == 1
-    assert not re.search(r"\b\d[\d,]* tests\b", testing), "a second, unmeasured count"
+    for passed, skipped in re.findall(r"(\d[\d,]*) passed, (\d[\d,]*) skipped", testing):
+        run = int(passed.replace(",", "")) + int(skipped.replace(",", ""))
+        assert run == collected["tests"], (
+            f"docs/testing.md: {passed} passed + {skipped} skipped = {run} tests, "
+            f"pytest collects {collected['tests']}"
+        )
+    tests, gpu = _quoted(COLLECTED, testing, "docs/testing.md")
+    stated = {"tests": int(tests.replace(",", "")), "gpu": int(gpu.replace(",", ""))}
+    assert stated == collected, f"docs/testing.md states {stated}, pytest collects {collected}"
+    counts = re.findall(r"\b\d[\d,]* (?:tests|passed|skipped)\b", testing)
+    assert counts == [f"{tests} tests"], f"docs/testing.md states other counts: {counts}"
     readme = (ROOT / "README.md").read_text()
     assert not re.search(r"\b\d[\d,]* (?:passed|tests)\b", readme), "README restates a count"
     assert "](docs/testing.md)" in readme
@@ -257,15 +289,6 @@ def _verify_mask_mb(bs: int) -> str:
     slice_ = json.loads((DATA / "serving-slice.json").read_text())
     (row,) = [r for r in slice_["verify"] if r["launch"] == "4/1/5" and r["bs"] == bs]
     return f"{row['off_mask_bytes'] / 1e6:.0f}"
-
-
-def _measured_test_count() -> dict[str, str]:
-    """The one measured CPU run, as docs/testing.md states it."""
-    text = (ROOT / "docs" / "testing.md").read_text()
-    passed, skipped = _quoted(
-        r"whole CPU suite: (\d[\d,]*) passed, (\d[\d,]*) skipped", text, "docs/testing.md"
-    )
-    return {"passed": passed, "skipped": skipped}
 
 
 @dataclass(frozen=True)
@@ -436,12 +459,6 @@ FACTS = (
             (r"tree mask[^.]*?\((\d+) MB at bs 48", ("bs48",)),
         ),
     ),
-    Fact(
-        "the measured CPU test run",
-        "the one sentence of docs/testing.md",
-        _measured_test_count,
-        ((r"whole CPU suite: (\d[\d,]*) passed, (\d[\d,]*) skipped", ("passed", "skipped")),),
-    ),
 )
 
 
@@ -558,6 +575,56 @@ def test_readme_headline_figures_are_the_rows_they_link_to():
             assert stated == f"{a} -> {b}", f"{where} holds {stated!r}, README says {a} -> {b}"
         else:
             assert f"{a} -> {b}" in row, f"{where} holds no cell {a} -> {b}: {row}"
+
+
+# --- results.md names the GPU of the data it cites ------------------------------------------------
+
+RESULTS = ROOT / "docs" / "results.md"
+# The GPU kinds with a data folder (docs/data/h200 -> H200), as the docs name them.
+GPU_KINDS = sorted(
+    path.name.upper() for path in (ROOT / "docs" / "data").iterdir() if path.is_dir()
+)
+GPU_NAME = re.compile(r"\b(" + "|".join(GPU_KINDS) + r")s?\b")
+GPU_DATA = re.compile(r"\bdata/(" + "|".join(kind.lower() for kind in GPU_KINDS) + r")/")
+
+
+def _results_sections() -> list[str]:
+    """results.md cut at every heading, each piece its heading line and the text under it."""
+    parts = re.split(r"^(?=#+\s)", RESULTS.read_text(), flags=re.M)
+    return [part for part in parts if part.strip()]
+
+
+@pytest.mark.quick
+def test_results_md_title_and_intro_name_every_gpu_its_data_comes_from():
+    """The title and the paragraphs before the first section name each GPU kind whose data the page
+    cites (a title "on H200" over sections measured on an H100 fails)."""
+    title, *_ = _results_sections()
+    cited = {kind.upper() for kind in GPU_DATA.findall(RESULTS.read_text())}
+    assert cited, "results.md cites no data under docs/data/<gpu>/"
+    assert set(GPU_NAME.findall(title.splitlines()[0])) == cited, "the title's GPUs"
+    assert set(GPU_NAME.findall(title)) == cited, "the introduction's GPUs"
+
+
+@pytest.mark.quick
+def test_each_results_md_section_names_the_gpu_of_the_data_it_cites():
+    """A section (heading and text, to the next heading) that cites data under docs/data/<gpu>/
+    names that GPU, and the GPU it names first is the one of the first data it cites: its heading
+    or opening lines cannot name another GPU than the one its data was measured on."""
+    wrong = []
+    for section in _results_sections():
+        heading = section.splitlines()[0]
+        cited = [kind.upper() for kind in GPU_DATA.findall(section)]
+        named = GPU_NAME.findall(section)
+        if not cited:
+            continue
+        if not named or named[0] != cited[0]:
+            first = f"data/{cited[0].lower()}/"
+            wrong.append(f"{heading}: names {named[:1]} first, cites {first} first")
+        wrong += [
+            f"{heading}: cites data/{kind.lower()}/, never names {kind}"
+            for kind in sorted(set(cited) - set(named))
+        ]
+    assert wrong == [], "\n".join(wrong)
 
 
 def test_spec_md_states_the_sweep_as_it_stands():

@@ -205,12 +205,31 @@ def test_an_invalid_switch_value_exits_1_naming_the_variable(
     assert main(["--no-checks"] if no_checks else []) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("ERROR sglang_dsa_mtp: SGLANG_DSA_LIVE_WIDTH='maybe' is not a boolean")
-    assert [line for line in err if "maybe" in line] == [err[0]]
+    assert err[-1] == (
+        "python -m sglang_dsa_mtp: error: "
+        "SGLANG_DSA_LIVE_WIDTH='maybe' is not a boolean (see above)"
+    ), "the last line says why the exit status is 1"
+    assert [line for line in err if "maybe" in line] == [err[0], err[-1]]
+
+
+def test_the_last_line_names_every_reason_for_the_exit_status(fresh_switches, monkeypatch, capsys):
+    """An invalid value, the loader leaving the plugin out and a failed check: the output ends on
+    one line naming all three, not on the checks' summary."""
+    record_checks(monkeypatch, CheckResult(True, "identical"), CheckResult(False, "differs"))
+    monkeypatch.setenv("SGLANG_DSA_LIVE_WIDTH", "maybe")
+    monkeypatch.setenv("SGLANG_PLUGINS", "some_other_plugin")
+    assert main() == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m sglang_dsa_mtp: error: SGLANG_DSA_LIVE_WIDTH='maybe' is not a boolean (see "
+        "above); SGLang's plugin loader does not load this plugin (see 'plugin loader'); "
+        "self-check 'kernel-1' failed"
+    )
 
 
 def test_an_invalid_switch_value_is_one_message_first_in_the_output():
     """The whole output, as on a terminal: the server's error, once, before anything else, every
-    line within 100 columns; the switch and the feature rows point to it."""
+    line within 100 columns; the switch and the feature rows point to it, and the last line names
+    it again as the reason for the exit status."""
     done = run_main("--no-checks", merged=True, SGLANG_DSA_LIVE_WIDTH="maybe")
     assert done.returncode == 1
     lines = done.stdout.splitlines()
@@ -218,10 +237,14 @@ def test_an_invalid_switch_value_is_one_message_first_in_the_output():
     assert lines[0].startswith(
         "ERROR sglang_dsa_mtp: SGLANG_DSA_LIVE_WIDTH='maybe' is not a boolean"
     )
-    assert words.count("'maybe'") == 1 and words.count(ACCEPTED) == 1
-    assert words.count("is not a boolean") == 1 and words.count("ERROR") == 1
+    assert lines[-1] == (
+        "python -m sglang_dsa_mtp: error: "
+        "SGLANG_DSA_LIVE_WIDTH='maybe' is not a boolean (see above)"
+    )
+    assert words.count("'maybe'") == 2 and words.count(ACCEPTED) == 1
+    assert words.count("is not a boolean") == 2 and words.count("ERROR") == 1
     assert words.count("SGLANG_DSA_LIVE_WIDTH is invalid (see the error)") == 2
-    assert "live_width stays off" in words and "error:" not in words
+    assert "live_width stays off" in words and words.count("error:") == 1
     assert_fits(done.stdout)
 
 

@@ -22,9 +22,11 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
 from sglang_dsa_mtp.integration.state import MultiStepState, state_of
+from sglang_dsa_mtp.kernels.ops.launch import TRITON_LAUNCH
 from sglang_dsa_mtp.switches import BOUNDED_REPLAY_METADATA, LIVE_WIDTH, METADATA_GLUE
 from support.constants import POISON
 from support.dsa_backends import graph_batch, metadata_tensors, poison
+from support.launch_stubs import compiled_on_cpu
 from support.metadata_cases import kernel_for
 
 DECODE = ForwardMode.DECODE
@@ -61,6 +63,19 @@ def spies(hooked):
             counting(kind, getattr(DeepseekSparseAttnBackend, name)),
         )
     return seen
+
+
+@pytest.fixture
+def launches(hooked):
+    """Every launch of the replay-metadata kernels, ``(kind, op)`` (kind "jit": the wrapper's,
+    "bound": a bound launch's), with compiled kernels stood in for on the CPU
+    (``support.launch_stubs``): the one launch's capture binds its launch as on a GPU."""
+    recorded = []
+    compiled_on_cpu(hooked, recorded)
+    return recorded
+
+
+ONE_LAUNCH = mtp.ONE_LAUNCH_BINDER.what
 
 
 def build(dsa_server, *, steps=4, seeded=True, captured=(1, BS), **options):
@@ -172,6 +187,66 @@ def test_one_launch_writes_what_sglangs_decode_kernel_writes_into_every_step(
                 if want is not None:
                     assert torch.equal(getattr(m, name), want), f"step {i}: {name}"
             assert backend.forward_metadata is m
+
+
+def assert_every_step_holds_what_sglang_writes(multi, lengths, slots, what: str) -> None:
+    for i, backend in enumerate(multi.attn_backends):
+        m = backend.decode_cuda_graph_metadata[BS]
+        for name, want in sglang_decode(backend, m, lengths, slots).items():
+            if want is not None:
+                assert torch.equal(getattr(m, name), want), f"{what}, step {i}: {name}"
+        assert backend.forward_metadata is m
+
+
+def test_a_replay_the_bound_one_launch_takes_writes_sglangs_metadata_without_the_wrapper(
+    dsa_server, hooked, spies, launches
+):
+    """The launch bound at the capture of the bs launches each replay; the wrapper (Triton's JIT)
+    runs no second launch over it."""
+    hooked.setenv(LIVE_WIDTH.env, "0")
+    server, multi = build(dsa_server, steps=4)
+    plan = state_of(multi, MultiStepState).batch_sizes[BS]
+    assert plan.reason is None and plan.bound.launcher == TRITON_LAUNCH
+    for round_, (lengths, slots) in enumerate(ROUNDS):
+        for backend in multi.attn_backends:
+            poison(backend.decode_cuda_graph_metadata[BS], POISON)
+        before = dict(spies)
+        launches.clear()
+        server.replay(multi, DECODE, lengths, slots)
+        assert launches == [("bound", ONE_LAUNCH)], f"round {round_}"
+        assert spies["one launch"] == before["one launch"], f"round {round_}: the wrapper ran"
+        assert spies["precompute"] == before["precompute"]
+        assert_every_step_holds_what_sglang_writes(multi, lengths, slots, f"round {round_}")
+
+
+def test_a_replay_the_bound_one_launch_refuses_goes_through_the_wrapper_once(
+    dsa_server, hooked, spies, launches
+):
+    """The bs's plan holds a launch bound with other arguments (bs 1's, a real bound launch): it is
+    asked, refuses, and the wrapper launches the replay, once, writing what SGLang writes."""
+    hooked.setenv(LIVE_WIDTH.env, "0")
+    server, multi = build(dsa_server, steps=4, captured=(1, BS))
+    plans = state_of(multi, MultiStepState).batch_sizes
+    other = plans[1].bound
+    assert plans[BS].reason is None and other is not None
+    answers = []
+
+    def asked(kwargs):
+        answers.append(other(kwargs))
+        return answers[-1]
+
+    hooked.setattr(plans[BS], "bound", asked)
+    for round_, (lengths, slots) in enumerate(ROUNDS):
+        for backend in multi.attn_backends:
+            poison(backend.decode_cuda_graph_metadata[BS], POISON)
+        before = dict(spies)
+        launches.clear()
+        server.replay(multi, DECODE, lengths, slots)
+        assert answers == [False] * (round_ + 1), f"round {round_}: the bound launch not asked"
+        assert launches == [("jit", ONE_LAUNCH)], f"round {round_}"
+        assert spies["one launch"] - before["one launch"] == 1, f"round {round_}"
+        assert spies["precompute"] == before["precompute"]
+        assert_every_step_holds_what_sglang_writes(multi, lengths, slots, f"round {round_}")
 
 
 @pytest.mark.quick

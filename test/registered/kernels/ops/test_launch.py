@@ -383,13 +383,15 @@ def test_no_c_launch_is_made_of_a_launcher_that_allocates_or_is_not_tritons(make
         launch.c_launch(FakeCompiled(make()), (4, 1, 1))
 
 
+@pytest.mark.parametrize("hook", ["launch_enter_hook", "launch_exit_hook"], ids=["enter", "exit"])
 def test_while_a_launch_hook_is_set_the_c_launch_goes_through_tritons_launch(
-    cuda_driver, monkeypatch
+    hook, cuda_driver, monkeypatch
 ):
+    """Either hook: the C launch passes Triton's launcher no hooks, so it would skip the one set."""
     recorded = []
     compiled = FakeCompiled(cuda_launcher(recorded))
     c_launch = launch.c_launch(compiled, (4, 1, 1))
-    monkeypatch.setattr(launch.triton.knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    monkeypatch.setattr(launch.triton.knobs.runtime, hook, lambda metadata: None)
     c_launch(ARGS)
     assert recorded == [] and compiled.launches == [((4, 1, 1), tuple(ARGS))]
 

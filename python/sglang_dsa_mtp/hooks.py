@@ -160,11 +160,12 @@ HOOKS: tuple[PluginHook, ...] = (
     ),
     # Live width, CUDA-graph state: no wide page_table_1 where nothing reads it (SGLang's own drop,
     # its spec clause lifted), else one real_page_table per backend; the DSA target's verify tree
-    # mask QLEN_ONLY and not read (no bs x context FULL_MASK per round). The multi-step backend's
-    # graph state also drops the one launch's per-bs plans (bounded).
+    # mask QLEN_ONLY and not read (no bs x context FULL_MASK per round). Both graph-state hooks
+    # also drop what was kept on the state being replaced (bounded: bound launches, the one
+    # launch's per-bs plans; glue: its graphs and keys), at start-up and at every recapture.
     PluginHook(_LIVE, sg.DSA_INIT, HookType.AFTER, f"{_OURS}.dsa_verify_mask:remember_runner"),
     PluginHook(
-        _LIVE,
+        _BOUNDED + _LIVE + _GLUE,
         sg.DSA_INIT_CUDA_GRAPH_STATE,
         HookType.AROUND,
         f"{_OURS}.dsa_graph_page_tables:init_graph_state",
@@ -176,7 +177,7 @@ HOOKS: tuple[PluginHook, ...] = (
         f"{_OURS}.dsa_graph_page_tables:capture_into_shared_real_table",
     ),
     PluginHook(
-        _BOUNDED + _LIVE,
+        _BOUNDED + _LIVE + _GLUE,
         sg.MULTI_STEP_INIT_CUDA_GRAPH_STATE,
         HookType.AROUND,
         f"{_OURS}.dsa_graph_page_tables:steps_graph_state",

@@ -50,6 +50,7 @@ CUSTOM_ALL_REDUCE_V2 = (
     "sglang.srt.distributed.device_communicators.custom_all_reduce_v2.CustomAllReduceV2"
 )
 HOOK_REGISTRY = "sglang.srt.plugins.hook_registry.HookRegistry"
+GLUE_GRAPH = "sglang.srt.model_executor.runner.metadata_glue_graph.MetadataGlueGraph"
 
 _BOUNDED, _DRAFT, _VERIFY, _LIVE, _GLUE = (
     (BOUNDED_REPLAY_METADATA,),
@@ -171,6 +172,12 @@ SURFACE: tuple[Name, ...] = (
         f"{DECODE_RUNNER}._skip_glued_replay_view",
         f"{DECODE_RUNNER}._glue_key",
         instance=(f"{DECODE_RUNNER}._metadata_glue", f"{DECODE_RUNNER}._skip_glued_replay_view"),
+    ),
+    *_names(
+        _GLUE,
+        "a captured key's graph and metadata snapshot, which the glue's replay keeps at hand",
+        f"{GLUE_GRAPH}._states",
+        instance=(f"{GLUE_GRAPH}._states",),
     ),
     Name(
         DECODE_RUNNER_VIEW_PREP,
@@ -350,6 +357,42 @@ def set_runner_glue_route(runner, glue, skip_view: bool) -> None:
     replay view first), and calls its prep through the replay view for every other replay."""
     runner._metadata_glue = glue
     runner._skip_glued_replay_view = skip_view
+
+
+def glue_capture(graph, key) -> tuple | None:
+    """What SGLang's ``MetadataGlueGraph`` ``graph`` captured for ``key``: (the ``CUDAGraph``, the
+    snapshot of ``(backend, forward_metadata)`` pairs it reinstalls at each replay), or None."""
+    st = graph._states.get(key)
+    if st is None or st["graph"] is None:
+        return None
+    return st["graph"], st["meta"]
+
+
+def glue_capture_keys(graph) -> list:
+    """Every key SGLang's ``MetadataGlueGraph`` ``graph`` has seen (warmed up or captured)."""
+    return list(graph._states)
+
+
+def breakable_decode_graphs() -> bool:
+    """Whether the server's decode-phase graphs (every decode, target-verify and draft runner's)
+    use SGLang's breakable backend, whose replays run attention eagerly between graph pieces."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.runtime_context import get_exec
+
+    config = get_exec().graph.cuda_graph_config
+    return config is not None and config.decode.backend == Backend.BREAKABLE
+
+
+def backend_per_batch_part() -> str | None:
+    """The server option under which a runner's replays use a backend per micro-batch or stream
+    (two-batch overlap, pdmux), in words; None without either."""
+    from sglang.srt.runtime_context import get_disagg, get_exec
+
+    if get_exec().overlap.enable_two_batch_overlap:
+        return "two-batch overlap is on (a backend per micro-batch)"
+    if get_disagg().enable_pdmux:
+        return "pdmux is on (a backend per stream)"
+    return None
 
 
 def replay_glue_key(runner, bs: int, forward_mode, attention_variant) -> tuple:

@@ -60,6 +60,7 @@ def test_the_surface_lists_every_private_name_and_every_hook_target():
         "_skip_glued_replay_view",
         "_glue_key",
         "_init_replay_attn_metadata_from_view",
+        "_states",
     }
 
 

@@ -9,9 +9,10 @@ Behind ``SGLANG_DSA_LIVE_WIDTH``, in speculative decoding; what SGLang's kernels
 
 Hooks: AROUND ``DeepseekSparseAttnBackend.init_cuda_graph_state`` (1, 2, 3) and BEFORE its
 ``_init_kpool_metadata_capture`` (2); AROUND the ``init_cuda_graph_state`` of
-``DeepseekSparseAttnMultiStepBackend`` (1, the step backends; and, for the bounded replay metadata
-too, the one owner of that method: it drops the MTP one launch's per-bs plans, which point at the
-graph state being replaced). Details: docs/switches.md, section "Live width: the verify tree mask
+``DeepseekSparseAttnMultiStepBackend`` (1, the step backends). The two ``init_cuda_graph_state``
+hooks are also the one owner of those methods for the bounded replay metadata and the metadata
+glue: they drop what the plugin kept on the graph state being replaced (bound launches, the MTP
+one launch's per-bs plans, glue graphs and keys), whichever of the three switches is on. Details: docs/switches.md, section "Live width: the verify tree mask
 and the graph page tables".
 """
 
@@ -22,6 +23,7 @@ import logging
 import torch
 
 from sglang_dsa_mtp.hooks import why_off
+from sglang_dsa_mtp.integration.dsa_metadata_glue import reset_glue
 from sglang_dsa_mtp.integration.dsa_metadata_selection import KERNELS
 from sglang_dsa_mtp.integration.dsa_mtp_draft_metadata import why_not_one_launch
 from sglang_dsa_mtp.integration.dsa_verify_mask import create_verify_mask
@@ -89,13 +91,16 @@ def _sglang_drop_decides(original, backend, args, kwargs) -> None:
 
 
 def init_graph_state(original, backend, max_bs, max_num_tokens, *args, **kwargs):
-    """AROUND ``DeepseekSparseAttnBackend.init_cuda_graph_state``: items 1, 2 and 3 above; the
-    launches bound on the graph state being replaced are dropped (they hold its buffers; each
-    batch size is bound again at its capture)."""
+    """AROUND ``DeepseekSparseAttnBackend.init_cuda_graph_state`` (SGLang's graph state made anew:
+    at start-up and at every recapture): what was kept on the graph state being replaced is
+    dropped first (the launches bound on its buffers, each batch size bound again at its capture;
+    the metadata glue's graphs and keys, captured again with the new graphs); then items 1, 2 and 3
+    above (each gated on live width)."""
     for attr, _, _ in KERNELS:
         fallback = fallback_of(getattr(backend, attr, None))
         if fallback is not None:
             fallback.bound.clear()
+    reset_glue(backend, BackendState)
     args = (max_bs, max_num_tokens, *args)
     try:
         reason = why_keep_wide_table(backend)
@@ -180,10 +185,12 @@ def why_steps_keep_wide_table(multi) -> str | None:
 
 def steps_graph_state(original, multi, *args, **kwargs):
     """AROUND ``DeepseekSparseAttnMultiStepBackend.init_cuda_graph_state``: forget the one launch's
-    plans of the graph state being replaced (each batch size is decided again at its capture), tell
+    plans and the metadata glue of the graph state being replaced (each batch size is decided and
+    captured again at its capture), tell
     each step backend whether the one-launch path owns the replay, then note whether any step lost
     its table."""
     state_of(multi, MultiStepState).batch_sizes.clear()
+    reset_glue(multi, MultiStepState)
     try:
         reason = why_steps_keep_wide_table(multi)
     except Exception as exc:  # never take the server down: the steps keep their tables

@@ -28,17 +28,26 @@ backend, and captures each key while serving, each in a memory pool of its own. 
   whose values the runner has just copied into those buffers).
 
 A key not captured with the server's graphs stays eager (counted, with the reason): no glue captures
-while serving. Why each prep is constant per key, padded replays included, line by line:
-docs/glue-audit.md. A glue takes a :class:`GluedPrep` (the prep and the backends whose
-``forward_metadata`` it snapshots). A glue whose capture raises turns itself off for its runner
-(SGLang's class); any other error at a hook site sends that runner to the eager prep for good,
-logged once at ERROR (a decode runner's route then goes back to the glue it had).
+while serving. Keys are SGLang's (bs, capture mode, replay mode): each runner replays its own mode's.
+Glued are only the preps docs/glue-audit.md proves constant per key and whose captures keep no
+table as wide as the context (``dsa_index_kpool`` 1; the MTP draft decode where the one launch or
+each step's own replay writes it), and no server whose decode graphs are breakable, overlap two
+batches, run pdmux, or whose torch would not put capture allocations in the shared pool (probed).
+Each glue is a :class:`GlueGraph` (SGLang's class, its replay kept to one frame) of a
+:class:`GluedPrep` (the prep and the backends whose ``forward_metadata`` it snapshots). When SGLang
+builds a backend's CUDA-graph state again (a recapture), :func:`reset_glue` drops its glue, keys and
+recorded inputs. A glue whose capture raises turns itself off for its runner (SGLang's class); any
+other exception at a hook site sends that runner to the eager prep for good, logged once at ERROR
+(a decode runner's route then goes back to the glue it had). That catches what is raised on the
+host: a device fault in a glue graph is sticky, and an unpadded decode replay of a captured key
+runs in SGLang's route with no code of the plugin's, so no fallback of the plugin's exists there.
 :func:`glue_counts` says what each glue served.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -46,6 +55,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph
 
 from sglang_dsa_mtp import sglang_surface
 from sglang_dsa_mtp.hooks import why_off
@@ -64,32 +74,60 @@ from sglang_dsa_mtp.switches import METADATA_GLUE
 
 OFF = "the glue turned itself off (a capture raised)"
 NOT_CAPTURED = "its key was not captured with the server's graphs"
+PRECOMPUTE = "SGLang's precompute + copies write it (bs x width temporaries in a capture)"
 
-_POOLS: dict[int, Any] = {}  # CUDA device index -> the torch.cuda.MemPool its glue graphs share
+# CUDA device index -> (the torch.cuda.MemPool its glue graphs share, or None; why not, or None)
+_POOLS: dict[int, tuple[Any, str | None]] = {}
 
 
-def glue_pool(device) -> Any:
-    """The memory pool every glue graph on ``device`` allocates in while it captures (created at
-    the first call; None off CUDA). One pool for all keys of all runners: a glue graph's
-    temporaries are free again when its capture ends, so the next capture reuses them, and what a
-    prep keeps (its metadata, snapshotted by the glue) stays allocated, so no other capture takes
-    it. The graphs replay one at a time on the runner's stream, each before the forward that reads
-    it; nothing outside a glue capture allocates in the pool."""
+def glue_pool(device) -> tuple[Any, str | None]:
+    """The memory pool every glue graph on ``device`` allocates in while it captures, and None; or
+    None and why there is none (off CUDA: (None, None)). Made and probed at the first call. One
+    pool for all keys of all runners: a glue graph's temporaries are free again when its capture
+    ends, so the next capture reuses them, and what a prep keeps (its metadata, snapshotted by the
+    glue) stays allocated, so no other capture takes it. The graphs replay one at a time on the
+    runner's stream, each before the forward that reads it; nothing outside a glue capture
+    allocates in the pool."""
     device = torch.device(device)
     if device.type != "cuda":
-        return None
+        return None, None
     index = torch.cuda.current_device() if device.index is None else device.index
-    pool = _POOLS.get(index)
-    if pool is None:
-        pool = _POOLS[index] = torch.cuda.MemPool()
-    return pool
+    if index not in _POOLS:
+        pool = torch.cuda.MemPool()
+        reason = _pool_probe(pool, torch.device("cuda", index))
+        _POOLS[index] = (None, reason) if reason else (pool, None)
+    return _POOLS[index]
+
+
+def _pool_probe(pool, device: torch.device) -> str | None:
+    """Why an allocation inside a glue capture would not land in ``pool``, or None. Two captures,
+    each as a glue captures a key (its graph's own pool first, then ``pool`` made current), each
+    allocating: both allocations must be ``pool``'s. Torch picks among the pools of captures under
+    way by its own search order; where it picks the graph's, every key would keep a pool of its
+    own."""
+    stream = torch.cuda.Stream(device)
+    kept, graphs = [], []
+    for _ in range(2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            with torch.cuda.use_mem_pool(pool, device):
+                kept.append(torch.empty(1024, dtype=torch.uint8, device=device))
+        graphs.append(graph)
+    segments = [(s["address"], s["address"] + s["total_size"]) for s in pool.snapshot()]
+    outside = [t for t in kept if not any(lo <= t.data_ptr() < hi for lo, hi in segments)]
+    if outside:
+        return (
+            f"torch {torch.__version__} put {len(outside)} of 2 probe allocations made inside a "
+            "glue capture outside the glue's shared pool (each key would keep a pool of its own)"
+        )
+    return None
 
 
 class GluedPrep:
     """A prep as ``MetadataGlueGraph.run`` takes a backend: ``prep(fb)`` runs it, in ``pool`` while
     a stream captures (:func:`glue_pool`); at capture the glue snapshots the ``forward_metadata``
-    of ``attn_backend_list`` and puts it back at every replay (this object's own is None, kept as
-    it is)."""
+    of ``attn_backend_list`` and puts it back at every replay (this object's own is None, not
+    reinstalled by :class:`GlueGraph`)."""
 
     def __init__(self, prep: Callable[[Any], None], leaves: list, pool=None):
         self._prep = prep
@@ -103,10 +141,44 @@ class GluedPrep:
             self._prep(forward_batch)
 
 
+class GlueGraph(MetadataGlueGraph):
+    """SGLang's ``MetadataGlueGraph`` (its warm-ups, capture, turning itself off, counters; SGLang's
+    decode runner takes it as its own), with a replay of one frame: each captured key's graph
+    replay and its metadata stores kept at hand when it is captured, ``is_captured`` a dict's own
+    ``__contains__``. Its stores leave out the ``GluedPrep`` (its metadata is None)."""
+
+    def __init__(self, device):
+        super().__init__(device)
+        self._ready: dict = {}  # key -> (the CUDAGraph's bound replay, [(backend, metadata)])
+        self.is_captured = self._ready.__contains__
+
+    def reset(self) -> None:
+        super().reset()
+        self._ready.clear()
+
+    def run(self, attn_backend, fb_view, key) -> None:
+        super().run(attn_backend, fb_view, key)
+        if self.disabled:
+            self._ready.clear()
+            return
+        captured = sglang_surface.glue_capture(self, key)
+        if captured is not None and key not in self._ready:
+            graph, meta = captured
+            stores = [(b, m) for b, m in meta if b is not attn_backend]
+            self._ready[key] = (graph.replay, stores)
+
+    def replay(self, key) -> None:
+        replay, stores = self._ready[key]
+        for backend, metadata in stores:
+            backend.forward_metadata = metadata
+        replay()
+        self.replays += 1
+
+
 def glue_counts(owner, kind: type) -> GlueCounts | None:
     """What the glue of ``owner`` served (``kind``: its state's type, :class:`RunnerState` for a
     decode runner, :class:`BackendState` for the draft-extend backend, :class:`MultiStepState` for
-    the multi-step backend); None before it was decided."""
+    the multi-step backend) since its graph state was last built; None before it was decided."""
     state = peek(owner, kind).glue
     if state.reason == UNDECIDED:
         return None
@@ -115,10 +187,39 @@ def glue_counts(owner, kind: type) -> GlueCounts | None:
 
 
 def captured_glue(owner, kind: type = BackendState):
-    """The ``MetadataGlueGraph`` that serves ``owner``'s replays, or None (``kind``: its state's
-    type, as for :func:`glue_counts`)."""
+    """The ``GlueGraph`` that serves ``owner``'s replays, or None (``kind``: its state's type, as
+    for :func:`glue_counts`)."""
     state = peek(owner, kind).glue
     return None if state.reason is not None else state.graphs
+
+
+def reset_glue(owner, kind: type) -> None:
+    """SGLang builds ``owner``'s CUDA-graph state again (a recapture: new metadata buffers): its
+    glue graphs, keys and recorded inputs are dropped (what their snapshots held is freed), and its
+    next capture decides and captures anew. A decode runner is new at a recapture: nothing of its
+    own to drop."""
+    holder = peek(owner, kind)
+    if holder.glue.graphs is not None:
+        holder.glue.graphs.reset()
+    if holder.glue.reason != UNDECIDED:
+        state_of(owner, kind).glue = GlueState()
+
+
+def _why_not_server(device) -> str | None:
+    """Why no runner of this server glues its prep (the switch, the graph backend, a backend per
+    micro-batch or stream, the shared pool), or None."""
+    reason = why_off(METADATA_GLUE)
+    if reason is not None:
+        return reason
+    if sglang_surface.breakable_decode_graphs():
+        return (
+            "breakable decode graphs run attention eagerly within a replay, reading the prefill "
+            "choice (use_mha) that the prep resets and a glued replay does not"
+        )
+    reason = sglang_surface.backend_per_batch_part()
+    if reason is not None:
+        return reason
+    return glue_pool(device)[1]
 
 
 def _decide(state: GlueState, what: str, why_not: Callable[[], str | None], make) -> None:
@@ -144,6 +245,7 @@ def _decide(state: GlueState, what: str, why_not: Callable[[], str | None], make
 
 def _failed(state: GlueState, exc: Exception) -> None:
     state.reason = f"raised {type(exc).__name__}: {exc}"
+    state.replays.clear()
     log_failure(
         ("glue-failed", state.what),
         exc,
@@ -153,17 +255,15 @@ def _failed(state: GlueState, exc: Exception) -> None:
 
 
 def _new_graphs(state: GlueState, prep: Callable[[Any], None], leaves: list) -> None:
-    from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph
-
     device = leaves[0].device
-    state.prep = GluedPrep(prep, leaves, glue_pool(device))
-    state.graphs = MetadataGlueGraph(device)
+    state.prep = GluedPrep(prep, leaves, glue_pool(device)[0])
+    state.graphs = GlueGraph(device)
 
 
-def _capture_key(state: GlueState, forward_batch, key) -> None:
+def _capture_key(state: GlueState, forward_batch, key) -> bool:
     """Run ``forward_batch``'s prep through ``state``'s glue until ``key`` is captured (the glue's
-    eager warm-ups, then its capture), and serve ``forward_batch.batch_size`` by ``key`` from then
-    on. Not inside a stream capture: then that bs stays eager."""
+    eager warm-ups, then its capture); whether it was. Not inside a stream capture: then that bs
+    stays eager."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         log_once(
             logging.WARNING,
@@ -171,28 +271,28 @@ def _capture_key(state: GlueState, forward_batch, key) -> None:
             "sglang_dsa_mtp: DSA graph metadata built inside a stream capture: its replays "
             "keep the eager prep",
         )
-        return
+        return False
     graphs = state.graphs
     while not graphs.disabled and not graphs.is_captured(key):
         graphs.run(state.prep, forward_batch, key)
-    if graphs.is_captured(key):
-        state.keys[forward_batch.batch_size] = key
+    return graphs.is_captured(key)
 
 
-def _run(state: GlueState, key, *, padded: bool) -> bool:
-    """A replay's prep as the graph ``state``'s glue captured under ``key`` (None: no key was
-    captured for this replay) replays it, as SGLang's own route replays a key; False where it did
-    not run there (no key, the glue turned itself off, or it raised: that glue off from now on),
-    counted, and the caller runs the eager prep, which rewrites every buffer the graph writes."""
-    if key is None or state.graphs.disabled:
-        state.eager(OFF if state.graphs.disabled else NOT_CAPTURED)
+def _run(state: GlueState, replay, bs: int) -> bool:
+    """A replay's prep as ``replay`` (a captured key's graph replay; None: no key was captured for
+    this replay) replays it, as SGLang's own route replays a key; False where it did not run there
+    (no key, the glue turned itself off, or the replay raised on the host: that glue off from now
+    on), counted, and the caller runs the eager prep, which rewrites every buffer the graph writes.
+    A device fault inside the replay is no exception here: CUDA's error is sticky, the eager prep
+    would meet it too."""
+    if replay is None or state.graphs.disabled:
+        state.eager(OFF if state.graphs.disabled else state.uncaptured.get(bs, NOT_CAPTURED))
         return False
     try:
-        state.graphs.replay(key)
+        replay()
     except Exception as exc:
         _failed(state, exc)
         return False
-    state.padded += padded
     return True
 
 
@@ -201,14 +301,17 @@ def _run(state: GlueState, key, *, padded: bool) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
-def _why_not_backend(backend, mode) -> str | None:
-    reason = why_off(METADATA_GLUE)
+def _why_not_backend(backend) -> str | None:
+    """Why a DSA backend's preps stay eager (each fixed for the server's life), or None: glued are
+    only the preps whose every line docs/glue-audit.md proves constant per key and whose captures
+    keep no table as wide as the context."""
+    reason = _why_not_server(backend.device)
     if reason is not None:
         return reason
-    if mode.is_draft_extend_v2() and backend.dsa_index_kpool != 1:
+    if backend.dsa_index_kpool != 1:
         return (
-            f"dsa_index_kpool is {backend.dsa_index_kpool}: the draft-extend prep then reads the "
-            "round's own num_accept_tokens"
+            f"dsa_index_kpool is {backend.dsa_index_kpool}: its preps gather bs x width tables "
+            "inside a capture, and the draft extend's reads the round's own num_accept_tokens"
         )
     return None
 
@@ -232,35 +335,47 @@ def glue_key(bs: int, mode) -> tuple:
 
 
 def dsa_prep(original, self, forward_batch, in_capture=False):
-    """AROUND ``DeepseekSparseAttnBackend.init_forward_metadata_out_graph``."""
+    """AROUND ``DeepseekSparseAttnBackend.init_forward_metadata_out_graph``. A replay's prep is
+    glued here for the draft extend alone (its runner calls this prep directly); the decode
+    runner's glued replays never reach it."""
     if in_capture:
         result = original(self, forward_batch, in_capture=True)
         role = _role(self, forward_batch.forward_mode)
         if role is not None:
             _capture_backend(original, self, forward_batch, role)
         return result
-    if forward_batch.forward_mode.is_draft_extend_v2():
-        state = state_of(self, BackendState).glue
-        if state.reason is None:
-            if _run(state, state.keys.get(forward_batch.batch_size), padded=False):
-                return None
+    state = peek(self, BackendState).glue
+    bs, mode = forward_batch.batch_size, forward_batch.forward_mode
+    replay = state.replays.get((bs, mode))
+    if replay is not None or (state.reason is None and mode.is_draft_extend_v2()):
+        if _run(state, replay, bs):
+            accepted = forward_batch.spec_info.num_accept_tokens
+            state.padded += accepted is not None and accepted.data_ptr() == state.inputs[bs]
+            return None
     return original(self, forward_batch)  # it rewrites every buffer a failed glue wrote
 
 
 def _capture_backend(original, backend, forward_batch, role: str) -> None:
     state = state_of(backend, BackendState).glue
-    mode = forward_batch.forward_mode
     if state.reason == UNDECIDED:
         _decide(
             state,
             role,
-            lambda: _why_not_backend(backend, mode),
+            lambda: _why_not_backend(backend),
             lambda s: _new_graphs(s, lambda fb: original(backend, fb), [backend]),
         )
     if state.reason is not None:
         return
+    bs, mode = forward_batch.batch_size, forward_batch.forward_mode
+    key = glue_key(bs, mode)
     try:
-        _capture_key(state, forward_batch, glue_key(forward_batch.batch_size, mode))
+        if not _capture_key(state, forward_batch, key):
+            return
+        state.keys[bs, mode] = key
+        if mode.is_draft_extend_v2():  # a padded replay reads the capture's accept lengths
+            accepted = forward_batch.spec_info.num_accept_tokens
+            state.inputs[bs] = None if accepted is None else accepted.data_ptr()
+            state.replays[bs, mode] = functools.partial(state.graphs.replay, key)
     except Exception as exc:
         _failed(state, exc)
 
@@ -268,6 +383,8 @@ def _capture_backend(original, backend, forward_batch, role: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # Target verify and plain decode: the decode runner's route
 # ----------------------------------------------------------------------------------------------
+
+OTHER_MODE = "a replay in another forward mode than the runner captured (IDLE)"
 
 
 def _why_not_runner(runner) -> str | None:
@@ -282,10 +399,6 @@ def _why_not_runner(runner) -> str | None:
         return f"{type(runner).__name__} routes its own replays"
     if runner.model_runner.spec_algorithm.is_dflash_family():
         return "DFlash-family speculative decoding (SGLang keeps its prep eager)"
-    if runner.enable_pdmux:
-        return "pdmux is on (a backend per stream)"
-    if runner.enable_two_batch_overlap:
-        return "two-batch overlap is on (a backend per micro-batch)"
     if runner.model_runner.lora_manager is not None:
         return "LoRA is on (its batch prep runs with the metadata)"
     if sglang_surface.early_verify_metadata(runner) is not None:
@@ -307,12 +420,12 @@ def glue_replay_view_prep(
     attention_variant,
 ):
     """AROUND ``DecodeCudaGraphRunner._init_replay_attn_metadata_from_view``: a replay its own glue
-    route did not replay (its first, a padded one, a key not captured), taking its keywords by
-    name (``sglang_surface.VIEW_PREP_KEYWORDS``, probed before the hook is registered: a catch-all
-    dict would cost every replay about a microsecond of the GPU host's). At the first, the runner
-    decides, and its route is pointed at its backend's glue; a replay of a captured key is that
-    graph's replay, padded or not; any other keeps SGLang's eager prep (not SGLang's capture while
-    serving)."""
+    route did not replay (its first, a padded one, a key not captured, another mode), taking its
+    keywords by name (``sglang_surface.VIEW_PREP_KEYWORDS``, probed before the hook is registered:
+    a catch-all dict would cost every replay about a microsecond of the GPU host's). At the first,
+    the runner decides, and its route is pointed at its backend's glue; a replay of a captured key
+    of the capture mode is that graph's replay, padded or not; any other keeps SGLang's eager prep
+    (not SGLang's capture while serving)."""
     state = state_of(self, RunnerState)
     glue = state.glue
     if glue.reason == UNDECIDED:
@@ -320,12 +433,12 @@ def glue_replay_view_prep(
             glue, _runner_role(self), lambda: _why_not_runner(self), lambda _: _route(state, self)
         )
     if glue.reason is None:
-        # The key captured for bs is this replay's where it replays the capture mode (_route
-        # checked each against SGLang's key of that replay).
-        key = glue.keys.get(bs) if forward_batch.forward_mode is self.capture_forward_mode else None
-        if _run(glue, key, padded=raw_bs != bs):
+        if forward_batch.forward_mode is not self.capture_forward_mode:
+            glue.eager(OTHER_MODE)
+        elif _run(glue, glue.replays.get(bs), bs):
+            glue.padded += raw_bs != bs
             return None
-        if glue.reason is not None:  # it raised: the route back to the glue the runner had
+        elif glue.reason is not None:  # it raised: the route back to the glue the runner had
             sglang_surface.set_runner_glue_route(self, *state.sglang_route)
         glue_key = None
     return original(
@@ -340,19 +453,22 @@ def glue_replay_view_prep(
 
 
 def _route(state: RunnerState, runner) -> None:
-    """The decode runner served by its backend's glue (its graphs and captured keys), SGLang's
-    own glue route pointed at it; the glue the runner had (SGLang's, made by its own switch, not
-    used yet: this is its first replay prep) kept to be given back. Each captured key must be the
-    key SGLang's route looks up for a replay of the runner's capture mode at its bs."""
+    """The decode runner served by its backend's glue (its graph and the keys captured in the
+    runner's capture mode), SGLang's own glue route pointed at it; the glue the runner had
+    (SGLang's, made by its own switch, not used yet: this is its first replay prep) kept to be
+    given back. Each key must be the key SGLang's route looks up for a replay of the runner's
+    capture mode at its bs."""
     glue, backend = state.glue, peek(runner.attn_backend, BackendState).glue
     mode = runner.capture_forward_mode
-    for bs, key in backend.keys.items():
+    keys = {bs: key for (bs, captured), key in backend.keys.items() if captured == mode}
+    for bs, key in keys.items():
         expected = sglang_surface.replay_glue_key(runner, bs, mode, None)
         if key != expected:
             raise LookupError(
                 f"the glue captured bs {bs} as {key}, SGLang replays it as {expected}"
             )
-    glue.graphs, glue.keys = backend.graphs, backend.keys
+    glue.graphs, glue.keys = backend.graphs, keys
+    glue.replays = {bs: functools.partial(backend.graphs.replay, key) for bs, key in keys.items()}
     state.sglang_route = sglang_surface.runner_glue_route(runner)
     sglang_surface.set_runner_glue_route(runner, backend.graphs, skip_view=True)
 
@@ -370,22 +486,29 @@ def _runner_role(runner) -> str:
 def capture_mtp(multi, forward_batch, eager: Callable[[Any], None]) -> None:
     """At the MTP draft decode's capture of a bs: keep its input buffers (the runner's, sliced to
     bs), which every replay's prep of that bs reads through the glue, and capture its prep
-    (``eager(fb)``) as a replay runs it."""
-    state = state_of(multi, MultiStepState).glue
-    bs = forward_batch.batch_size
+    (``eager(fb)``) as a replay runs it. A bs that SGLang's precompute + copies write stays eager
+    (they allocate bs x width temporaries, which a capture would keep)."""
+    holder = state_of(multi, MultiStepState)
+    state, bs = holder.glue, forward_batch.batch_size
     if state.reason == UNDECIDED:
         _decide(
             state,
             "MTP draft-decode backend",
-            lambda: why_off(METADATA_GLUE),
+            lambda: _why_not_backend(multi.attn_backends[0]),
             lambda s: _new_graphs(s, eager, list(multi.attn_backends)),
         )
     if state.reason is not None:
         return
+    plan = holder.batch_sizes.get(bs)
+    if not holder.steps_dropped and (plan is None or plan.reason is not None):
+        state.uncaptured[bs] = PRECOMPUTE
+        return
     state.inputs[bs] = (forward_batch.seq_lens, forward_batch.req_pool_indices)
     try:
         view = SimpleNamespace(**vars(forward_batch), num_padding=0)  # as a replay hands it
-        _capture_key(state, view, (bs,))
+        if _capture_key(state, view, (bs,)):
+            state.keys[bs] = (bs,)
+            state.replays[bs] = functools.partial(state.graphs.replay, (bs,))
     except Exception as exc:
         _failed(state, exc)
 
@@ -398,9 +521,10 @@ def mtp_replay(multi, forward_batch) -> bool:
     state = peek(multi, MultiStepState).glue
     if state.reason is not None:
         return False
+    bs = forward_batch.batch_size
     padded = getattr(forward_batch, "num_padding", 0)
     if padded:
-        captured = state.inputs.get(forward_batch.batch_size)
+        captured = state.inputs.get(bs)
         if (
             captured is None
             or forward_batch.seq_lens.data_ptr() != captured[0].data_ptr()
@@ -408,4 +532,7 @@ def mtp_replay(multi, forward_batch) -> bool:
         ):
             state.eager("padded inputs not the captured buffers")
             return False
-    return _run(state, state.keys.get(forward_batch.batch_size), padded=bool(padded))
+    if _run(state, state.replays.get(bs), bs):
+        state.padded += bool(padded)
+        return True
+    return False

@@ -34,16 +34,25 @@ class GlueCounts:
 
 @dataclass
 class GlueState:
-    """One runner's metadata glue (``dsa_metadata_glue``)."""
+    """One runner's metadata glue (``dsa_metadata_glue``); a new one replaces it whenever SGLang
+    builds its owner's CUDA-graph state again (a recapture)."""
 
     reason: str | None = UNDECIDED  # why its prep stays eager; None when the glue serves it
     what: str = ""  # the runner or backend, in words (its log lines), named when decided
-    # Its MetadataGlueGraph, the GluedPrep that graph captures and bs -> the key captured for it
-    # (a decode runner: its backend's graphs and keys, shared; it captures nothing, so no prep).
+    # Its GlueGraph and the GluedPrep that graph captures (a decode runner: its backend's graph,
+    # shared; it captures nothing, so no prep).
     graphs: Any = None
     prep: Any = None
+    # The keys captured: a DSA backend's by (bs, forward mode) -> SGLang's key; a decode runner's
+    # by bs, those of its capture mode; the MTP draft decode's by bs -> (bs,).
     keys: dict = field(default_factory=dict)
-    inputs: dict = field(default_factory=dict)  # MTP draft decode: bs -> its captured inputs
+    # bs -> the prepared replay of its key, for a runner that calls the prep directly (the draft
+    # extend, the MTP draft decode).
+    replays: dict = field(default_factory=dict)
+    # bs -> what its capture read: the MTP draft decode's input buffers (seq_lens,
+    # req_pool_indices); the draft extend's num_accept_tokens address (a padded replay's).
+    inputs: dict = field(default_factory=dict)
+    uncaptured: dict = field(default_factory=dict)  # bs -> why its key was not captured
     padded: int = 0  # glue graph replays of a padded batch
     eager_by_reason: Counter = field(default_factory=Counter)
 

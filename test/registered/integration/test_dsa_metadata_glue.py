@@ -119,9 +119,10 @@ def test_every_runner_glues_every_captured_bs_at_capture_and_replays_padded_and_
 def test_a_glued_replay_runs_no_prep_on_the_host(arms, hooked):
     """After capture, a replay of a captured key is one graph replay: the DSA prep's Python (its
     ``_apply_cuda_graph_metadata``) runs in none, only in the eager arm (the simulated graphs'
-    replays, which make the captured calls again off a GPU, made to do nothing here)."""
-    on, off = arms()
+    replays, which make the captured calls again off a GPU, made to do nothing here: the glue
+    keeps each graph's replay from its capture on)."""
     hooked.setattr(kit._CpuGraph, "replay", lambda self: None)
+    on, off = arms()
     import sglang.srt.layers.attention.dsa_backend as dsa_backend
 
     ran = []
@@ -277,17 +278,23 @@ def test_a_bs_not_captured_with_the_servers_graphs_stays_eager_and_is_counted(ar
     capture_key = glue._capture_key
 
     def skipping(state, forward_batch, key):
-        if forward_batch.batch_size != 2:
-            capture_key(state, forward_batch, key)
+        return forward_batch.batch_size != 2 and capture_key(state, forward_batch, key)
 
     hooked.setattr(glue, "_capture_key", skipping)
     on, off = arms()
     for lengths, slots, bs in ROUNDS:
         for op in dsa_serving.OPS:
             assert replay_both(on, off, op, lengths, slots, bs) == [], (op, bs)
+    # SGLang's class runs a new key eagerly twice, then captures it: three more unpadded replays
+    # of bs 2 would capture it, were its key handed to SGLang's glue while serving
+    for _ in range(3):
+        for op in dsa_serving.OPS:
+            assert replay_both(on, off, op, [50, 60], [1, 2], 2) == [], op
     for op, (graph, counts) in serving_loop.arm_glues(on).items():
         assert counts.routed == len(ROUNDS) - 1 and graph.replays == len(ROUNDS) - 1, op
-        assert counts.eager == {glue.NOT_CAPTURED: 1}, (op, counts)
+        assert counts.eager == {glue.NOT_CAPTURED: 4}, (op, counts)
+        assert not graph.is_captured(serving_loop.glue_key_of(on.runners[op], 2)), op
+        assert not [k for k in sglang_surface.glue_capture_keys(graph) if k[0] == 2], op
 
 
 @pytest.mark.quick
@@ -315,4 +322,85 @@ def test_a_glued_prep_allocates_in_the_shared_pool_while_a_stream_captures_it(mo
     shared.init_forward_metadata_out_graph("capture")
     alone.init_forward_metadata_out_graph("capture off CUDA")
     assert ran == [("warm-up", []), ("capture", [pool]), ("capture off CUDA", [])]
-    assert glue.glue_pool("cpu") is None
+    assert glue.glue_pool("cpu") == (None, None)
+
+
+def test_the_decode_runner_replays_only_keys_of_its_capture_mode(arms):
+    """A backend's glue keys its captures by batch size and mode (SGLang's full key): a key of
+    another mode at the same bs (here planted, DECODE beside the TARGET_VERIFY captures) is never
+    the verify runner's, and every verify replay stays glued."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    on, off = arms()
+    keys = peek(on.target, BackendState).glue.keys
+    keys[3, ForwardMode.DECODE] = glue.glue_key(3, ForwardMode.DECODE)  # captured last
+    for lengths, slots, bs in ROUNDS:
+        assert replay_both(on, off, "target verify", lengths, slots, bs) == [], bs
+    runner = on.runners["target verify"].decode_runner
+    state = peek(runner, RunnerState).glue
+    assert state.reason is None
+    assert state.keys[3] == glue.glue_key(3, ForwardMode.TARGET_VERIFY)
+    assert glue.glue_counts(runner, RunnerState).routed == len(ROUNDS)
+
+
+def test_a_replay_in_another_mode_than_the_capture_runs_eagerly_counted_as_such(arms):
+    """An IDLE replay of the verify runner (SGLang's key for it was never captured) runs SGLang's
+    eager prep, counted under its own reason, not as an uncaptured key."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    on, off = arms()
+    replay_both(on, off, "target verify", [5, 9, 40], [1, 2, 3], 3)  # the runner decides
+    runner = on.runners["target verify"].decode_runner
+    batch, kwargs = dsa_serving.replay_prep_arguments(runner, raw_bs=3, bs=3, num_tokens=3 * TOKENS)
+    batch.forward_mode = ForwardMode.IDLE
+    kwargs["glue_key"] = runner._glue_key(3, str(ForwardMode.IDLE), None)
+    runner._init_replay_attn_metadata(batch, **kwargs)
+    counts = glue.glue_counts(runner, RunnerState)
+    assert counts.eager == {glue.OTHER_MODE: 1} and counts.routed == 1, counts
+    assert not glue.captured_glue(on.target).is_captured(kwargs["glue_key"])
+
+
+def test_breakable_decode_graphs_keep_every_prep_eager(hooked):
+    """SGLang's breakable decode graphs run attention eagerly inside a replay, reading what the
+    prep resets and a glued replay skips: read from the server's own graph config, the glue stays
+    off, with the reason."""
+    from sglang.srt.model_executor.cuda_graph_config import (
+        Backend,
+        Phase,
+        default_cuda_graph_config,
+        with_phase,
+    )
+
+    hooked.setenv(dsa_serving.GLUE_ENV, "1")
+    breakable = with_phase(default_cuda_graph_config(), Phase.DECODE, backend=Backend.BREAKABLE)
+    with kit.serving(LAUNCH, cuda_graph_config=breakable):
+        assert sglang_surface.breakable_decode_graphs()
+        reason = glue._why_not_server("cpu")
+    assert reason is not None and reason.startswith("breakable decode graphs"), reason
+    with kit.serving(LAUNCH):
+        assert not sglang_surface.breakable_decode_graphs()
+        assert glue._why_not_server("cpu") is None
+
+
+@pytest.mark.quick
+def test_two_batch_overlap_and_pdmux_keep_every_prep_eager(hooked):
+    """A backend per micro-batch or per stream: the decode runner never routes to the glue, so no
+    backend captures one (no glue graph kept that no replay uses)."""
+    hooked.setenv(dsa_serving.GLUE_ENV, "1")
+    with kit.serving(LAUNCH, enable_two_batch_overlap=True):
+        assert glue._why_not_server("cpu").startswith("two-batch overlap")
+    with kit.serving(LAUNCH, enable_pdmux=True):
+        assert glue._why_not_server("cpu").startswith("pdmux")
+
+
+def test_a_failed_pool_probe_keeps_every_prep_eager_with_the_reason(arms, hooked):
+    """Where torch would not put a glue capture's allocations in the shared pool (the probe at the
+    pool's making says why), no runner glues: each keeps its eager prep, with that reason."""
+    hooked.setattr(glue, "glue_pool", lambda device: (None, "the probe's reason"))
+    on, off = arms()
+    for lengths, slots, bs in ROUNDS[:2]:
+        for op in dsa_serving.OPS:
+            assert replay_both(on, off, op, lengths, slots, bs) == [], op
+    assert peek(on.target, BackendState).glue.reason == "the probe's reason"
+    assert peek(on.multi, MultiStepState).glue.reason == "the probe's reason"
+    assert [graph for graph, _ in serving_loop.arm_glues(on).values()] == [None] * 3

@@ -40,7 +40,8 @@ The pieces:
   tensor SGLang's attention reads (:data:`READ`) into outputs that outlive the graph, so that what
   is compared after a replay is what a captured graph read;
 - :class:`Arm`: the target, draft-extend and multi-step backends of one server with the plugin's
-  kill switches set one way (:data:`ON`, :data:`OFF`), each arm with its own graphs;
+  kill switches set one way (:data:`ON`, :data:`OFF`), each arm with its own graphs, recaptured
+  mid-run as SGLang recaptures while serving (:meth:`Arm.recapture`);
 - :func:`differences`: what differs between the two arms' reads of one replay, bit for bit.
 
 A request slot's ``req_to_token`` row is shared by both arms (SGLang's kernels and ours only read it).
@@ -657,6 +658,7 @@ class Arm:
         import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
 
         self.name, self.env, self.sizes, self.seeded = name, env, sizes, seeded
+        self.tokens, self.kernels, self.reader = tokens, kernels or {}, reader
         self.graphs = Graphs(sizes.device)
         self.memory = Memory(before=allocated(sizes.device))
         common = dict(
@@ -666,24 +668,58 @@ class Arm:
             device=sizes.device,
             hf_config=kit.glm5_config(index_topk=sizes.index_topk),
         )
-        with switches(env), swapped(manager, kernels or {}):
+        with switches(env), swapped(manager, self.kernels):
             self.target = kit.target_backend(kit.model_runner(**common))
             self.extend, self.multi = kit.draft_backends(
                 kit.model_runner(is_draft=True, **common), seeded=seeded
             )
-            max_bs = sizes.max_bs
-            self.target.init_cuda_graph_state(max_bs, max_bs * tokens)
-            self.multi.init_cuda_graph_state(max_bs, max_bs)
-            self.extend.init_cuda_graph_state(max_bs, max_bs * tokens)
+            self._graph_state()
             self.memory.graph_state = allocated(sizes.device)
-            backends = {"target verify": self.target, "draft decode": self.multi}
-            backends["draft extend"] = self.extend
-            self.runners = {
-                op: Runner(
-                    op, backend, sizes=sizes, graphs=self.graphs, tokens=tokens, reader=reader
-                )
-                for op, backend in backends.items()
-            }
+            self.runners = self._runners()
+
+    def _graph_state(self) -> None:
+        """Each backend's ``init_cuda_graph_state`` (its metadata buffers allocated anew), as the
+        constructors of SGLang's graph runners call it."""
+        max_bs, tokens = self.sizes.max_bs, self.tokens
+        self.target.init_cuda_graph_state(max_bs, max_bs * tokens)
+        self.multi.init_cuda_graph_state(max_bs, max_bs)
+        self.extend.init_cuda_graph_state(max_bs, max_bs * tokens)
+
+    def _runners(self) -> dict[str, Runner]:
+        """A :class:`Runner` per op over its backend, with static input buffers of its own, its
+        graphs in :attr:`graphs`."""
+        backends = {"target verify": self.target, "draft decode": self.multi}
+        backends["draft extend"] = self.extend
+        return {
+            op: Runner(
+                op,
+                backend,
+                sizes=self.sizes,
+                graphs=self.graphs,
+                tokens=self.tokens,
+                reader=self.reader,
+            )
+            for op, backend in backends.items()
+        }
+
+    def recapture(self, batch_sizes) -> None:
+        """SGLang's recapture while serving (a weight update with ``recapture_cuda_graph``,
+        elastic EP's scale-up: ``init_decode_cuda_graph`` builds a new graph runner): new runners
+        over the same backends, each backend's ``init_cuda_graph_state`` called again, then every
+        batch size captured again (:meth:`capture`) in new graphs. The runners, graphs and graph
+        state of before are let go only after that, so that no buffer of the new ones takes an
+        address that a graph captured before reads or writes: a graph left from before that still
+        runs then writes nothing the new graphs read."""
+        import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
+
+        state = [backend.decode_cuda_graph_metadata for backend in self.backends().values()]
+        before = self.runners, self.graphs, state
+        self.graphs = Graphs(self.sizes.device)
+        with switches(self.env), swapped(manager, self.kernels):
+            self._graph_state()
+            self.runners = self._runners()
+        self.capture(batch_sizes)
+        del before
 
     def capture(self, batch_sizes) -> None:
         """Every runner captures every batch size, the largest first (SGLang's order: the target's

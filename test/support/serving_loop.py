@@ -23,14 +23,24 @@ what a decode step of SGLang's EAGLE v2 worker hands its three graph runners for
    request that would run past the context ends;
 3. every other round, the inputs as views at an address that is not 16-byte aligned.
 
+Once per server, before the round halfway to the arming of its replay injections (below), both
+arms recapture as SGLang recaptures while serving (a weight update with ``recapture_cuda_graph``,
+elastic EP's scale-up: a new graph runner over the same backend, whose constructor calls its
+``init_cuda_graph_state`` again, then captures every bs; :meth:`~.dsa_serving.Arm.recapture`):
+every runner of both arms made anew over the same backend objects, their graph state made again,
+every bs captured again (``_Server.recapture``). The host fields are compared again, the facts
+that make each arm what it claims must hold again, and the rounds go on, compared as before: a
+glue graph or a launch bound before the recapture that still runs after it writes buffers that no
+new graph reads.
+
 Before each replay both arms' buffers that the replay writes are poisoned
 (:meth:`~.dsa_serving.Runner.poison`), then after both arms replayed every tensor their graphs read
 is compared (:func:`~.dsa_serving.differences`): :data:`~.dsa_serving.READ`, whole, but the compact
 page table's pages that SGLang's kernels write (its 128-column blocks), and of the draft decode of seeded steps not the indexer plans
 (:data:`~.dsa_serving.INDEXER_PLANS`, which no seeded step reads). ``page_table_1`` is not read on
 this path and the plugin drops it. The host fields (:data:`~.dsa_serving.STATIC`) are compared after
-capture. Every ``indexer_every`` rounds, SGLang's indexer (:class:`IndexerCalls`) computes a top-k
-past the SM count with the live-width switch on and off: the top-k indices must be equal.
+each capture. Every ``indexer_every`` rounds, SGLang's indexer (:class:`IndexerCalls`) computes a
+top-k past the SM count with the live-width switch on and off: the top-k indices must be equal.
 
 The plugin's launches are counted per replay (:class:`Calls`) where our kernels launch (Triton's
 JIT in the wrappers, and the launches bound at capture), and SGLang's kernel behind our Fallbacks
@@ -43,9 +53,10 @@ batch sizes off the one launch hold exactly the injected victims. Per server and
 has the replays by batch size and the padded ones (``ServerReport.batch_sizes``, ``padded``;
 :func:`batch_size_table`). Some launches of
 :data:`SPANNING` must have more live tiles than tile programs (on the CPU, ``cpu_budget``). The
-counting leaves every call on the path a server takes: on a GPU the launch bound at capture must
-take every launch of :data:`BOUND` at a batch size no injection routes to ours (:class:`Calls`;
-the CPU's interpreted kernels are never bound).
+counting leaves every call on the path a server takes: each kernel of :data:`BOUND` must launch
+ours at some batch size no injection routes to SGLang's kernel, glued or eager (a glue replay's
+launches are its capture's: :class:`Calls`), and on a GPU the launch bound at capture must take
+every such launch (the CPU's interpreted kernels are never bound).
 
 Failures injected (:class:`Injection`), each a ``RuntimeError`` with its own text, per server, at
 four distinct captured batch sizes (``_victims``): our
@@ -111,8 +122,9 @@ MIN_ROUNDS_INJECTED = 20
 # tile programs, so that programs move on from one request to the next.
 SPANNING = ("target verify", "draft extend", "MTP one launch")
 INJECTIONS = ("capture", "warm-up", "replay", "one launch")  # the victims' keys
-# The kernels whose launches are bound at capture (the Fallbacks' and the MTP one launch's): on a
-# GPU, the bound launch must take every launch of ours at a bs no injection routes (``Calls``).
+# The kernels whose launches are bound at capture (the Fallbacks' and the MTP one launch's): each
+# must launch ours at a bs no injection routes, glued or eager; on a GPU, the bound launch must take
+# every such launch (``Calls``, ``LoopReport.failures``).
 BOUND = ("decode", "target verify", "draft extend", "MTP one launch")
 # The kernel (``KERNELS``' name) whose backend attribute each runner's replay calls, in each
 # backend its forward reads (``Runner.backends``: the draft decode's step backends, off the one
@@ -187,10 +199,12 @@ class ServerReport:
     # those of a batch padded to it (fewer requests than the bs).
     batch_sizes: dict[str, dict[int, int]] = dataclasses.field(default_factory=dict)
     padded: dict[str, int] = dataclasses.field(default_factory=dict)
-    # Per runner, with the glue: the plugin-on arm's replays its glue served as one graph launch,
-    # and its eager preps by reason.
+    # Per runner, with the glue: the plugin-on arm's replays its glue served as one graph launch
+    # (``Calls.glue_replays``), and its eager preps by reason (its glue state's at the end: after
+    # the recapture, the target verify's new decode runner's).
     glued: dict[str, int] = dataclasses.field(default_factory=dict)
     glue_eager: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    recaptured_after: Optional[int] = None  # the rounds served before the recapture
 
     def ours_of(self, op: str) -> tuple[int, int]:
         """(replays that ran ours, replays) of an ENGAGED op."""
@@ -281,6 +295,12 @@ class LoopReport:
                 f"no {kernel} launch had more live tiles than tile programs"
                 for kernel in SPANNING
                 if not self.spanned.get(kernel)
+            ]
+            out += [
+                f"the bound launch's check saw no {op} launch of ours at a batch size no injection "
+                "routes"
+                for op in BOUND
+                if not self.bindable.get(op)
             ]
         if self.device.startswith("cuda") and not (self.compiles_off and self.compiles_on_capture):
             out.append(
@@ -425,7 +445,10 @@ class Calls:
     many calls as launches, checked by ``LoopReport.failures``): whether its batch had more live
     tiles than the launch has tile programs (:func:`spans`); whether it was "bindable": at a bs
     no injection routes to ours (``routed``); and whether it was "bound": the launch bound at
-    capture took it (on a GPU every bindable launch of :data:`BOUND` must be)."""
+    capture took it (on a GPU every bindable launch of :data:`BOUND` must be). A glue replay
+    credits the launches and facts of the call its capture made (:meth:`_glued_launches`).
+
+    ``glue_replays``: the on arm's replays of a graph a glue captured."""
 
     def __init__(self, monkeypatch):
         from sglang_dsa_mtp.integration import dsa_mtp_draft_metadata as mtp
@@ -441,6 +464,7 @@ class Calls:
         self.credited: collections.Counter = collections.Counter()  # calls that launched ours
         self._ours: collections.Counter = collections.Counter()  # every launch of ours
         self._bound: collections.Counter = collections.Counter()  # of those, a bound launch's
+        self.glue_replays = 0
         self._now: Optional[collections.Counter] = None
         self._sglang_now: Optional[collections.Counter] = None
         self._arm: Optional[str] = None
@@ -507,45 +531,55 @@ class Calls:
 
     def _glued_launches(self, monkeypatch) -> None:
         """A glue graph's replay launches what its capture recorded: the launches (and the calls'
-        facts) made while a ``MetadataGlueGraph`` captured a key are kept for it, and each replay
-        of the key counts them again, as made then (never as bound launches), on the buffers the
-        capture read; what runs on the host during that replay is not counted (the simulated
+        facts) made while SGLang's ``MetadataGlueGraph.run`` captured a key are kept for the graph
+        it captured, and each replay of that graph (``torch.cuda.CUDAGraph.replay``, whichever
+        way the glue reaches it) counts them again, as made then, on the buffers the capture
+        read: a launch bound at capture that took a call inside the glue's capture is what the
+        graph replays, bound, and a call at a bs no injection routes is bindable there as at an
+        eager replay; what runs on the host during that replay is not counted (the simulated
         graphs off a GPU make the captured calls again)."""
         from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph
 
         self._recording: Optional[list] = None
-        self._recorded: dict = {}  # (glue, key) -> the capture's launches and facts
+        # A glue's graph -> its capture's calls of _launched and _facts (gone with the graph).
+        self._recorded = weakref.WeakKeyDictionary()
         self._glued = False
-        run, replay = MetadataGlueGraph.run, MetadataGlueGraph.replay
+        run, replay = MetadataGlueGraph.run, torch.cuda.CUDAGraph.replay
+
+        def captured(glue, key):
+            record = glue._states.get(key)  # SGLang's per-key record
+            return None if record is None else record["graph"]
 
         def counted_run(glue, attn_backend, fb_view, key) -> None:
-            if glue.is_captured(key):
-                return self._glue_replay(glue, key, lambda: run(glue, attn_backend, fb_view, key))
+            if captured(glue, key) is not None:  # a replay, counted by its graph's
+                return run(glue, attn_backend, fb_view, key)
             outer, self._recording = self._recording, []
             try:
                 run(glue, attn_backend, fb_view, key)
             finally:
                 events, self._recording = self._recording, outer
-            if glue.is_captured(key):  # this call captured the key
-                self._recorded[id(glue), key] = events
+            graph = captured(glue, key)
+            if graph is not None:  # this call captured the key
+                self._recorded[graph] = events
 
-        def counted_replay(glue, key) -> None:
-            self._glue_replay(glue, key, lambda: replay(glue, key))
+        def counted_replay(graph) -> None:
+            events = self._recorded.get(graph)
+            if events is None:  # no glue's graph (a runner's)
+                return replay(graph)
+            self._glue_replay(events, lambda: replay(graph))
 
         monkeypatch.setattr(MetadataGlueGraph, "run", counted_run)
-        monkeypatch.setattr(MetadataGlueGraph, "replay", counted_replay)
+        monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", counted_replay)
 
-    def _glue_replay(self, glue, key, call) -> None:
+    def _glue_replay(self, events: list, replay) -> None:
         self._glued = True
         try:
-            call()
+            replay()
         finally:
             self._glued = False
-        for event, name, detail in self._recorded.get((id(glue), key), ()):
-            if event == "launch":
-                self._launched(name, ours=detail)
-            else:
-                self._facts(name, detail, bound=False, bindable=False)
+        self.glue_replays += self._arm == "on"
+        for event in events:
+            event()
 
     def _launched(self, name: str, *, ours: bool = True, bound: bool = False) -> None:
         """One launch of kernel ``name``: ours (``bound``: a bound launch's), or SGLang's behind
@@ -553,7 +587,7 @@ class Calls:
         if self._glued:
             return
         if self._recording is not None:
-            self._recording.append(("launch", name, ours))
+            self._recording.append(functools.partial(self._launched, name, ours=ours, bound=bound))
         if ours:
             self._ours[name] += 1
             self._bound[name] += bound
@@ -565,7 +599,9 @@ class Calls:
     def _facts(self, name: str, kwargs: dict, *, bound: bool, bindable: bool) -> None:
         """What one call in which ours launched tells, counted while the on arm replays."""
         if self._recording is not None:
-            self._recording.append(("facts", name, kwargs))
+            self._recording.append(
+                functools.partial(self._facts, name, kwargs, bound=bound, bindable=bindable)
+            )
         if self._arm == "on":
             self.credited[name] += 1
             self.bindable[name] += bindable
@@ -847,6 +883,7 @@ class _Server:
         self.report.replays = {op: 0 for op in slice_.OPS}
         self.report.batch_sizes = {op: {} for op in slice_.OPS}
         self.report.padded = {op: 0 for op in slice_.OPS}
+        self.report.glued = {op: 0 for op in slice_.OPS} if config.glue else {}
         self.captured = sorted(captured)
         width = sizes.context + 4 + self.tokens
         self.req_to_token = torch.zeros(sizes.pool, width, dtype=torch.int32, device=sizes.device)
@@ -946,27 +983,46 @@ class _Server:
 
     # --- capture ----------------------------------------------------------------------------------
 
-    def capture(self, counters: dict) -> None:
+    def capture(self, counters: dict, *, again: bool = False) -> None:
+        """Both arms capture every batch size (``again``: recapture, as SGLang does while serving,
+        ``dsa_serving.Arm.recapture``), the on arm's compiles counted; then the arms' host fields
+        compared."""
         start = time.perf_counter()
-        with count_compiles() as compiled:
-            self.on.capture(self.captured)
-        counters["on capture"] += len(compiled.names)
-        self.off.capture(self.captured)
-        self.report.seconds["capture"] = time.perf_counter() - start
+        for arm in (self.on, self.off):
+            with count_compiles() as compiled:
+                if again:
+                    arm.recapture(self.captured)
+                else:
+                    arm.capture(self.captured)
+            if arm is self.on:
+                counters["on capture"] += len(compiled.names)
+        when = "recapture" if again else "capture"
+        self.report.seconds[when] = time.perf_counter() - start
         for op in slice_.OPS:
             for bs in self.captured:
                 for name in slice_.static_differences(
                     self.on.runners[op], self.off.runners[op], bs
                 ):
-                    self.report.mismatches.append(f"{self.report.name}, {op} bs {bs}: {name}")
+                    self.report.mismatches.append(
+                        f"{self.report.name}, {when}, {op} bs {bs}: {name}"
+                    )
 
-    def check_engaged(self) -> None:
+    def recapture(self, counters: dict) -> None:
+        """Mid-run, SGLang's recapture while serving: every runner of both arms made anew over the
+        same backends, each backend's graph state made again, every batch size captured again
+        (:meth:`capture`); the facts of :meth:`check_engaged` must hold after it as after the
+        capture, and the rounds go on, compared as before."""
+        self.capture(counters, again=True)
+        self.check_engaged(when=", after the recapture")
+        self.report.recaptured_after = self.report.rounds
+
+    def check_engaged(self, when: str = "") -> None:
         """The facts that make the on arm the plugin's and the off arm SGLang's, each True when it
-        holds (the MTP victims' batch sizes aside)."""
+        holds (the MTP victims' batch sizes aside), each named with ``when`` after it."""
         from sglang_dsa_mtp.integration.fallback import fallback_of
         from sglang_dsa_mtp.integration.state import MultiStepState, peek
 
-        facts = self.report.engaged
+        facts = {}
         for arm, on in ((self.on, True), (self.off, False)):
             backends = list(arm.backends().values())
             kernels = [
@@ -1003,6 +1059,7 @@ class _Server:
                 facts["off: no runner's prep has a glue"] = not any(
                     _captured_every_bs(arm, self.captured)
                 )
+        self.report.engaged.update({fact + when: ok for fact, ok in facts.items()})
 
     def check_fallen_back(self) -> None:
         """Every ``Fallback.failed`` of the on arm, and its MTP batch sizes off the one launch: the
@@ -1058,9 +1115,12 @@ class _Server:
             for arm in (self.on, self.off):
                 arm.runners[op].poison(bs, POISON)
             extra = accepted_t if op == "draft extend" else None
+            glued = self.calls.glue_replays
             with count_compiles() as compiled, self.calls.replay("on") as (ran, fell_back):
                 self.on.replay(op, bs, inputs[op], slot_t, extra)
             counters["on"] += compiled.names
+            if self.glue:
+                report.glued[op] += self.calls.glue_replays - glued
             with count_compiles() as compiled, self.calls.replay("off") as (ran_off, _):
                 self.off.replay(op, bs, inputs[op], slot_t, extra)
             counters["off"] += len(compiled.names)
@@ -1171,19 +1231,17 @@ class _Server:
         def armed(*args, **kwargs):
             self.armed = True
             try:
-                capture_key(*args, **kwargs)
+                return capture_key(*args, **kwargs)
             finally:
                 self.armed = False
 
         monkeypatch.setattr(glue, "_capture_key", armed)
 
-    def count_glued(self) -> None:
-        """Per runner of the on arm, with the glue: the replays its glue served as one graph
-        launch, and its eager preps by reason."""
+    def count_glue_eager(self) -> None:
+        """Per runner of the on arm, with the glue: its eager preps by reason."""
         if not self.glue:
             return
-        for op, (glue, counts) in arm_glues(self.on).items():
-            self.report.glued[op] = 0 if glue is None else glue.replays
+        for op, (_, counts) in arm_glues(self.on).items():
             if counts is not None:
                 self.report.glue_eager[op] = dict(counts.eager)
 
@@ -1333,7 +1391,10 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
                 start = time.perf_counter()
                 # The victims' batch sizes in their own rounds only, the capture's first, the
                 # replay injections armed from a third in; the other rounds at the other sizes.
+                # The recapture halfway to the arming: the capture's injections raise at both
+                # captures, the replay injections after the recapture.
                 arm_at = max(2, share // 3)
+                recapture_at = arm_at // 2
                 forced = {}
                 if victims:
                     forced = {0: victims["warm-up"], 1: victims["capture"]}
@@ -1342,6 +1403,8 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
                     torch.cuda.synchronize()
                 with torch.cuda.stream(forward) if forward else contextlib.nullcontext():
                     for index in range(share):
+                        if index == recapture_at:
+                            server.recapture(counters)
                         server.armed = config.inject and not config.glue and index >= arm_at
                         server.round(index, forced.get(index, rng.choice(server.regular)), counters)
                         if indexer.due():
@@ -1349,8 +1412,9 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
                 if forward:
                     torch.cuda.synchronize()
                 server.check_fallen_back()
-                server.count_glued()
-                server.report.seconds["rounds"] = time.perf_counter() - start
+                server.count_glue_eager()
+                seconds = server.report.seconds
+                seconds["rounds"] = time.perf_counter() - start - seconds.get("recapture", 0)
                 report.servers.append(server.report)
                 report.injections += server.injections
                 if progress is not None:

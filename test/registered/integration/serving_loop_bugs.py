@@ -109,6 +109,15 @@ BUGS = {
         "reverse=True)))\n",
         ("gpu",),
     ),
+    # A Fallback op's binding broken: the decode kernel's launch bound at capture is never kept,
+    # so that its replays all go through Triton's JIT. Ours launches it only in the MTP victims'
+    # draft decodes, glued (in the glue's capture) or eager; only a GPU binds.
+    "fallback-decode-never-bound": (
+        "python/sglang_dsa_mtp/integration/fallback.py",
+        "                if bound is not None:\n",
+        '                if bound is not None and binder.what != "decode":\n',
+        ("gpu",),
+    ),
     "program-stays-on-its-request": (
         "python/sglang_dsa_mtp/kernels/ops/attention/dsa_metadata_common.py",
         "        if tile >= tile_end:\n",

@@ -12,7 +12,12 @@ the counter's positive controls count compiles); every injected failure (our ker
 and at a replay, the MTP decision at capture and its one launch at a replay, the indexer's live copy
 mid-call), at four distinct batch sizes per server, leaves exactly one line in the plugin's log and
 the comparisons holding; and the arms are what they claim (the plugin's kernels, dropped tables,
-the QLEN_ONLY mask, the one launch; SGLang's everywhere in the other).
+the QLEN_ONLY mask, the one launch; SGLang's everywhere in the other). Each server recaptures once
+mid-run, as SGLang recaptures while serving (new graph runners over the same backends, their graph
+state made again): the arms are what they claim after it too, and the rounds after it agree bit for
+bit, glued and eager. Each kernel whose launches are bound at capture launched ours at a batch size
+no injection routes (glued: in the glue's capture), and on a GPU the bound launch took every such
+launch.
 
 On a GPU: SGLang's capture list for ``--cuda-graph-max-bs-decode 48``, a 1M-token context, real
 CUDA graphs, 720 rounds (2,160 replays per arm: 120 rounds of each of the six servers), the
@@ -79,6 +84,9 @@ def check(report: serving_loop.LoopReport, *, rounds: int, glue: bool) -> None:
         victims = {i.what.rpartition(" ")[2] for i in report.injections if server.name in i.what}
         assert len(victims) == 4, f"{server.name}: the victims repeat: {victims}"
     assert report.indexer_calls >= 10 and report.indexer_live_calls
+    for server in report.servers:
+        recaptured = server.recaptured_after
+        assert recaptured and recaptured < server.rounds, f"{server.name}: recaptured {recaptured}"
     check_batch_sizes(report)
 
 
@@ -156,8 +164,9 @@ def test_the_negative_control_every_replay_on_sglangs_kernels_counts_no_launch_o
     kernel and every MTP draft-decode bs off the one launch (``LoopConfig.sglang_only``): the
     counter counts no launch of ours (nor credits a call with one: no spanning, bindable or bound
     launch), counts
-    SGLang's kernel behind our Fallbacks in every replay, and the run fails on engagement, and on
-    nothing else (the arms still agree bit for bit). On the GPU, at max bs 8."""
+    SGLang's kernel behind our Fallbacks in every replay, and the run fails on engagement (the
+    bound launch's check seeing no launch of ours among it), and on nothing else (the arms still
+    agree bit for bit). On the GPU, at max bs 8."""
     if device == "gpu":
         sizes = dataclasses.replace(dsa_serving.GPU_SIZES, max_bs=8, pool=2 * 8 + 1)
     else:
@@ -178,9 +187,41 @@ def test_the_negative_control_every_replay_on_sglangs_kernels_counts_no_launch_o
         for op in serving_loop.ENGAGED:
             line = f"{server.name}: ours ran in 0 of {server.ours_of(op)[1]} {op} replays"
             assert line in failures, "\n".join(failures)
-    engagement = ("ours ran in 0 of", "ours did not run", "launch had more live tiles than")
+    engagement = (
+        "ours ran in 0 of",
+        "ours did not run",
+        "launch had more live tiles than",
+        "the bound launch's check saw no",
+    )
     others = [line for line in failures if not any(part in line for part in engagement)]
     assert others == [], "\n".join(others)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_bound_launch_check_names_each_kernel_it_saw_none_of_or_that_a_bound_launch_missed(
+    device,
+):
+    """``LoopReport.failures`` on a report of one server: each kernel of ``BOUND`` with no launch
+    of ours at a bs no injection routes is named on every device; one whose such launches a bound
+    launch did not all take, on a GPU only (the CPU's interpreted kernels are never bound)."""
+    report = serving_loop.LoopReport(device=device, context=128, max_bs=2)
+    report.servers.append(serving_loop.ServerReport(name="server", captured=[1, 2]))
+
+    def named() -> list[str]:
+        return [line for line in report.failures() if "bound launch" in line]
+
+    report.bindable = {op: 3 for op in serving_loop.BOUND}
+    report.bound = dict(report.bindable)
+    assert named() == []
+    where = "at a batch size no injection routes"
+    for op in serving_loop.BOUND:
+        report.bound[op] = 2
+        took = f"the bound launch took 2 of 3 {op} launches of ours {where}"
+        assert named() == ([took] if device == "cuda" else []), op
+        report.bindable[op] = report.bound[op] = 0
+        assert named() == [f"the bound launch's check saw no {op} launch of ours {where}"], op
+        report.bindable[op] = report.bound[op] = 3
 
 
 @pytest.mark.quick

@@ -70,6 +70,7 @@ GLUE_ENV = "SGLANG_DSA_METADATA_GLUE"
 ON = {BOUNDED_ENV: "1", LIVE_ENV: "1", GLUE_ENV: "1"}  # the plugin's defaults
 OFF = {BOUNDED_ENV: "0", LIVE_ENV: "0", GLUE_ENV: "0"}  # every kill switch: SGLang's own paths
 OPS = ("target verify", "draft extend", "draft decode")
+DECODE = "decode"  # the one runner of a server without speculative decoding
 FILL = 1  # DSA's get_cuda_graph_seq_len_fill_value: the seq_len of a padded graph row
 # The tensors of a batch size's DSAMetadata that the captured forward reads, compared whole
 # (``real_page_table``: the 128-column blocks SGLang's kernels write, see ``differences``). Each must
@@ -352,7 +353,10 @@ def decode_runner(backend, mode, *, seq_lens, req_pool_indices, max_tokens: int)
         device=device,
         capture_forward_mode=mode,
         model_runner=SimpleNamespace(
-            spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"), lora_manager=None
+            spec_algorithm=SpeculativeAlgorithm.from_string(
+                "EAGLE" if mode.is_target_verify() else "NONE"
+            ),
+            lora_manager=None,
         ),
         enable_pdmux=False,
         enable_two_batch_overlap=False,
@@ -434,6 +438,7 @@ class Runner:
             "target verify": ForwardMode.TARGET_VERIFY,
             "draft extend": ForwardMode.DRAFT_EXTEND_V2,
             "draft decode": ForwardMode.DECODE,
+            DECODE: ForwardMode.DECODE,
         }[op]
         device = sizes.device
         self.seq_lens = torch.full((sizes.max_bs,), FILL, dtype=torch.int64, device=device)
@@ -443,7 +448,7 @@ class Runner:
         self.static: dict[int, dict[str, object]] = {}
         self._outputs: dict[str, torch.Tensor] = {}
         self.decode_runner = None
-        if op == "target verify":
+        if op in ("target verify", DECODE):
             self.decode_runner = decode_runner(
                 backend,
                 self.mode,
@@ -460,10 +465,11 @@ class Runner:
             return list(self.backend.attn_backends)
         return [self.backend]
 
-    def _batch(self, bs: int, seq_lens, req_pool_indices):
+    def _batch(self, bs: int, seq_lens, req_pool_indices, accepted=None):
         spec_info = None
         if self.op == "draft extend":
-            spec_info = SimpleNamespace(num_accept_tokens=self.accepted[:bs])
+            own = self.accepted[:bs] if accepted is None else accepted
+            spec_info = SimpleNamespace(num_accept_tokens=own)
         return SimpleNamespace(
             batch_size=bs,
             forward_mode=self.mode,
@@ -531,10 +537,11 @@ class Runner:
         self.req_pool_indices[:raw].copy_(slots)
         if accepted is not None:
             self.accepted[:raw].copy_(accepted)
-        if self.op == "target verify":
+        if self.decode_runner is not None:
             batch = self._batch(bs, self.seq_lens[:bs], self.req_pool_indices[:bs])
-        elif self.op == "draft extend":
-            batch = self._batch(bs, self.seq_lens, self.req_pool_indices)
+        elif self.op == "draft extend":  # unpadded, the round's accept lengths (SGLang's runner)
+            own = None if padded or accepted is None else accepted.to(self.accepted.dtype)
+            batch = self._batch(bs, self.seq_lens, self.req_pool_indices, own)
         elif padded:
             batch = self._batch(bs, self.seq_lens[:bs], self.req_pool_indices[:bs])
         else:
@@ -638,7 +645,8 @@ class Arm:
     """The DSA backends of one server with the kill switches at ``env``: the target (SGLang's
     attention registry), the draft-extend and the multi-step backends (its ``DraftBackendFactory``,
     ``seeded``: the draft's top-k from draft extend), their graph state, and one :class:`Runner` per
-    op. ``kernels``: SGLang's replay-metadata kernels the backends pick up
+    op; in a server without speculative decoding (:func:`launch` of None), the target alone and its
+    :data:`DECODE` runner. ``kernels``: SGLang's replay-metadata kernels the backends pick up
     (:func:`sglang_metadata_kernels`), None for those SGLang imported. Without ``reader`` the graphs
     hold the runners' ``init_forward_metadata_in_graph`` alone (no outputs of the harness's own: for
     measuring memory)."""
@@ -656,9 +664,11 @@ class Arm:
         reader: bool = True,
     ):
         import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
+        from sglang.srt.runtime_context import get_spec
 
         self.name, self.env, self.sizes, self.seeded = name, env, sizes, seeded
         self.tokens, self.kernels, self.reader = tokens, kernels or {}, reader
+        self.speculative = bool(get_spec().speculative_num_draft_tokens)
         self.graphs = Graphs(sizes.device)
         self.memory = Memory(before=allocated(sizes.device))
         common = dict(
@@ -670,9 +680,11 @@ class Arm:
         )
         with switches(env), swapped(manager, self.kernels):
             self.target = kit.target_backend(kit.model_runner(**common))
-            self.extend, self.multi = kit.draft_backends(
-                kit.model_runner(is_draft=True, **common), seeded=seeded
-            )
+            self.extend = self.multi = None
+            if self.speculative:
+                self.extend, self.multi = kit.draft_backends(
+                    kit.model_runner(is_draft=True, **common), seeded=seeded
+                )
             self._graph_state()
             self.memory.graph_state = allocated(sizes.device)
             self.runners = self._runners()
@@ -682,14 +694,17 @@ class Arm:
         constructors of SGLang's graph runners call it."""
         max_bs, tokens = self.sizes.max_bs, self.tokens
         self.target.init_cuda_graph_state(max_bs, max_bs * tokens)
-        self.multi.init_cuda_graph_state(max_bs, max_bs)
-        self.extend.init_cuda_graph_state(max_bs, max_bs * tokens)
+        if self.speculative:
+            self.multi.init_cuda_graph_state(max_bs, max_bs)
+            self.extend.init_cuda_graph_state(max_bs, max_bs * tokens)
 
     def _runners(self) -> dict[str, Runner]:
         """A :class:`Runner` per op over its backend, with static input buffers of its own, its
         graphs in :attr:`graphs`."""
-        backends = {"target verify": self.target, "draft decode": self.multi}
-        backends["draft extend"] = self.extend
+        backends = {DECODE: self.target}
+        if self.speculative:
+            backends = {"target verify": self.target, "draft decode": self.multi}
+            backends["draft extend"] = self.extend
         return {
             op: Runner(
                 op,
@@ -736,10 +751,12 @@ class Arm:
             return self.runners[op].replay(bs, lengths, slots, accepted, in_place)
 
     def step_backends(self) -> list:
-        return list(self.multi.attn_backends)
+        return list(self.multi.attn_backends) if self.speculative else []
 
     def backends(self) -> dict:
         """Every DSA backend of the arm, by role."""
+        if not self.speculative:
+            return {"target": self.target}
         out = {"target": self.target, "draft extend": self.extend}
         out.update({f"draft step {i}": b for i, b in enumerate(self.step_backends())})
         return out

@@ -88,8 +88,16 @@ BUGS = {
     # The target verify's padded replays left to the eager prep: the glue serves too few replays.
     "glue-skips-padded-replays": (
         "python/sglang_dsa_mtp/integration/dsa_metadata_glue.py",
-        "        if _run(glue, key, padded=raw_bs != bs):",
-        "        if raw_bs == bs and _run(glue, key, padded=raw_bs != bs):",
+        "        elif _run(glue, glue.replays.get(bs), bs):",
+        "        elif raw_bs == bs and _run(glue, glue.replays.get(bs), bs):",
+        ALL_DEVICES,
+    ),
+    # A DSA backend's glue kept across a recapture: its graphs replay into the old graph state's
+    # buffers while the new forward graphs read the new ones.
+    "glue-not-reset-on-recapture": (
+        "python/sglang_dsa_mtp/integration/dsa_graph_page_tables.py",
+        "    reset_glue(backend, BackendState)\n",
+        "",
         ALL_DEVICES,
     ),
     # The glue graphs captured each in a pool of its own (SGLang's class alone): memory kept per

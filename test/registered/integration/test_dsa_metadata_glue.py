@@ -40,16 +40,18 @@ TOKENS = kit.LAUNCHES[LAUNCH][2]
 
 @pytest.fixture
 def arms(hooked):
-    """``arms(on_env)``: (plugin arm with ``on_env``, SGLang's arm), captured at max bs 3 over one
-    ``req_to_token``; the captured batch sizes as ``arms.captured``."""
+    """``arms(on_env, launch)``: (plugin arm with ``on_env``, SGLang's arm) of the EAGLE ``launch``
+    (None: no speculative decoding), captured at max bs 3 over one ``req_to_token``; the captured
+    batch sizes as ``arms.captured``."""
     kit.cuda_stand_ins(hooked)
     sizes = dsa_serving.cpu_sizes(3)
     gen = torch.Generator().manual_seed(0)
     req_to_token = torch.zeros(sizes.pool, sizes.context + 4 + TOKENS, dtype=torch.int32)
     req_to_token[1:].random_(0, 1 << 30, generator=gen)
 
-    def build(on_env=dsa_serving.ON):
-        with dsa_serving.launch(LAUNCH, sizes) as (_, captured):
+    def build(on_env=dsa_serving.ON, launch=LAUNCH):
+        tokens = TOKENS if launch else 1
+        with dsa_serving.launch(launch, sizes) as (_, captured):
             built = []
             for label, env, kernels in (
                 ("on", on_env, None),
@@ -59,7 +61,7 @@ def arms(hooked):
                     label,
                     env,
                     sizes=sizes,
-                    tokens=TOKENS,
+                    tokens=tokens,
                     req_to_token=req_to_token,
                     seeded=False,
                     kernels=kernels,
@@ -112,6 +114,7 @@ def test_every_runner_glues_every_captured_bs_at_capture_and_replays_padded_and_
     assert runner._skip_glued_replay_view
     assert glue.glue_counts(runner, RunnerState).padded == 1  # bs 3 from 2 requests
     assert glue.glue_counts(on.multi, MultiStepState).padded == 1
+    assert glue.glue_counts(on.extend, BackendState).padded == 1
     for op, (graph, counts) in serving_loop.arm_glues(off).items():
         assert graph is None, op
 
@@ -404,3 +407,17 @@ def test_a_failed_pool_probe_keeps_every_prep_eager_with_the_reason(arms, hooked
     assert peek(on.target, BackendState).glue.reason == "the probe's reason"
     assert peek(on.multi, MultiStepState).glue.reason == "the probe's reason"
     assert [graph for graph, _ in serving_loop.arm_glues(on).values()] == [None] * 3
+
+
+def test_a_non_speculative_servers_decode_runner_glues_its_replays_padded_and_unpadded(arms):
+    """A DSA server without speculative decoding: its one runner, plain decode, through SGLang's
+    decode runner, glued at every captured bs, bit-identical to SGLang's eager prep."""
+    on, off = arms(launch=None)
+    assert list(on.runners) == [dsa_serving.DECODE]
+    for lengths, slots, bs in ROUNDS:
+        assert replay_both(on, off, dsa_serving.DECODE, lengths, slots, bs) == [], bs
+    runner = on.runners[dsa_serving.DECODE].decode_runner
+    counts = glue.glue_counts(runner, RunnerState)
+    assert counts.routed == len(ROUNDS) and counts.padded == 1 and not counts.eager, counts
+    assert runner._metadata_glue is glue.captured_glue(on.target)
+    assert glue.captured_glue(off.runners[dsa_serving.DECODE].decode_runner, RunnerState) is None

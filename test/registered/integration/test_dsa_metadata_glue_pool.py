@@ -21,8 +21,12 @@ from sglang_dsa_mtp.integration import dsa_metadata_glue as glue
 pytestmark = pytest.mark.gpu
 
 
+def gpu() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())  # as the glue's pool is made
+
+
 def test_every_allocation_of_two_glue_captures_lands_in_the_shared_pool():
-    assert glue._pool_probe(torch.cuda.MemPool(), torch.device("cuda")) is None
+    assert glue._pool_probe(torch.cuda.MemPool(), gpu()) is None
 
 
 def test_the_probe_says_why_where_each_capture_keeps_its_own_pool(monkeypatch):
@@ -31,5 +35,5 @@ def test_the_probe_says_why_where_each_capture_keeps_its_own_pool(monkeypatch):
     monkeypatch.setattr(
         torch.cuda, "use_mem_pool", lambda pool, device=None: contextlib.nullcontext()
     )
-    reason = glue._pool_probe(torch.cuda.MemPool(), torch.device("cuda"))
+    reason = glue._pool_probe(torch.cuda.MemPool(), gpu())
     assert reason is not None and "put 2 of 2 probe allocations" in reason, reason

@@ -341,17 +341,38 @@ def timed_captures(monkeypatch) -> dict:
     times: dict[str, list[float]] = {}
     capture_key = glue._capture_key
 
-    def timed(state, forward_batch, key):
+    def timed(state, forward_batch, key) -> bool:
         sync()
         start = time.perf_counter()
-        capture_key(state, forward_batch, key)
+        captured = capture_key(state, forward_batch, key)
         sync()
         mode = forward_batch.forward_mode.name.lower().replace("_", " ")
         role = "draft decode" if len(key) == 1 else mode
         times.setdefault(role, []).append((time.perf_counter() - start) * 1e6)
+        return captured
 
     monkeypatch.setattr(glue, "_capture_key", timed)
     return times
+
+
+def glue_served(arm) -> dict:
+    """Per runner of the glued ``arm``: its glue graphs' replays over every call of the run
+    (``routed``, of them ``padded``) and the calls whose prep ran eagerly, by reason."""
+    from support import serving_loop
+
+    return {
+        op: dict(routed=counts.routed, padded=counts.padded, eager=dict(counts.eager))
+        for op, (_, counts) in serving_loop.arm_glues(arm).items()
+    }
+
+
+def print_served(served: dict) -> None:
+    print("## What the glued arm's glue served (every call of the run)\n")
+    print(markdown_header(["runner", "glue graph replays", "of them padded", "eager, by reason"]))
+    for op, counts in served.items():
+        eager = "; ".join(f"{why}: {n}" for why, n in counts["eager"].items()) or "-"
+        print(markdown_row([op, str(counts["routed"]), str(counts["padded"]), eager]))
+    print()
 
 
 def print_prep(rows: list[dict]) -> None:
@@ -527,10 +548,11 @@ def main(argv=None) -> int:
             rows = measure_prep(
                 arms, reference, captured, tokens, batch_sizes, args.calls, args.live
             )
-            record.update(prep=rows)
+            record.update(prep=rows, served=glue_served(arms["glued"]))
             record["captures"] = {role: list(times) for role, times in captures.items()}
             del arms, reference, table
         print_prep(rows)
+        print_served(record["served"])
         print_captures(record["captures"])
         print_memory(memory)
     if args.json:

@@ -39,5 +39,8 @@ def test_the_dry_run_prints_every_table(fresh_switches, sglang_targets_restored,
     verify = [row for row in written["prep"] if row["op"] == "target verify"]
     assert all(row["sglang_glue_captured"] for row in verify)  # SGLang's own route replayed it
     assert all(row["sglang_glue_host_us"] > 0 for row in verify)
+    # every call of the glued arm through its glue graphs
+    for op, counts in written["served"].items():
+        assert counts["routed"] > 0 and not counts["eager"], (op, counts)
     assert sorted(written["captures"]) == ["draft decode", "draft extend v2", "target verify"]
     assert all(len(keys) == 2 for keys in written["captures"].values())  # SGLang's list: 1, 2

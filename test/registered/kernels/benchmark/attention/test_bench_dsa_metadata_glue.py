@@ -44,3 +44,17 @@ def test_the_dry_run_prints_every_table(fresh_switches, sglang_targets_restored,
         assert counts["routed"] > 0 and not counts["eager"], (op, counts)
     assert sorted(written["captures"]) == ["draft decode", "draft extend v2", "target verify"]
     assert all(len(keys) == 2 for keys in written["captures"].values())  # SGLang's list: 1, 2
+
+
+profile = load_script(Path(__file__).parent / "profile_glue_route_host.py")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the profile is the CPU's")
+def test_the_route_profile_times_every_runner_through_its_glue(
+    fresh_switches, sglang_targets_restored, capsys
+):
+    assert profile.main(["--max-bs", "2", "--calls", "20", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    for op in ("target verify", "draft extend", "draft decode"):
+        assert f"| plugin's glue | {op} | 2 | 2 |" in out and f"| plugin's glue | {op} | 2 | 1 |" in out
+    assert "| SGLang's route | target verify | 2 | 2 |" in out and "MetadataGlueGraph" in out

@@ -56,5 +56,8 @@ def test_the_route_profile_times_every_runner_through_its_glue(
     assert profile.main(["--max-bs", "2", "--calls", "20", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     for op in ("target verify", "draft extend", "draft decode"):
-        assert f"| plugin's glue | {op} | 2 | 2 |" in out and f"| plugin's glue | {op} | 2 | 1 |" in out
+        assert (
+            f"| plugin's glue | {op} | 2 | 2 |" in out
+            and f"| plugin's glue | {op} | 2 | 1 |" in out
+        )
     assert "| SGLang's route | target verify | 2 | 2 |" in out and "MetadataGlueGraph" in out

@@ -349,7 +349,7 @@ def dsa_prep(original, self, forward_batch, in_capture=False):
     replay = state.replays.get((bs, mode))
     if replay is not None or (state.reason is None and mode.is_draft_extend_v2()):
         if _run(state, replay, bs):
-            accepted = forward_batch.spec_info.num_accept_tokens
+            accepted = getattr(forward_batch.spec_info, "num_accept_tokens", None)
             state.padded += accepted is not None and accepted.data_ptr() == state.inputs[bs]
             return None
     return original(self, forward_batch)  # it rewrites every buffer a failed glue wrote
@@ -373,7 +373,7 @@ def _capture_backend(original, backend, forward_batch, role: str) -> None:
             return
         state.keys[bs, mode] = key
         if mode.is_draft_extend_v2():  # a padded replay reads the capture's accept lengths
-            accepted = forward_batch.spec_info.num_accept_tokens
+            accepted = getattr(forward_batch.spec_info, "num_accept_tokens", None)
             state.inputs[bs] = None if accepted is None else accepted.data_ptr()
             state.replays[bs, mode] = functools.partial(state.graphs.replay, key)
     except Exception as exc:

@@ -68,7 +68,7 @@ def arms(hooked):
                 )
                 arm.capture(captured)
                 built.append(arm)
-        build.captured = captured
+        build.captured, build.launch = captured, lambda: dsa_serving.launch(launch, sizes)
         return built
 
     return build
@@ -421,3 +421,33 @@ def test_a_non_speculative_servers_decode_runner_glues_its_replays_padded_and_un
     assert counts.routed == len(ROUNDS) and counts.padded == 1 and not counts.eager, counts
     assert runner._metadata_glue is glue.captured_glue(on.target)
     assert glue.captured_glue(off.runners[dsa_serving.DECODE].decode_runner, RunnerState) is None
+
+
+@pytest.mark.parametrize("live_width", ["1", "0"])
+def test_a_recapture_drops_every_glue_and_captures_it_again_on_the_new_graph_state(
+    arms, live_width
+):
+    """SGLang's recapture while serving (a weight update with ``recapture_cuda_graph``, elastic EP):
+    each backend's graph state built again, every bs captured again by new runners. The old glue
+    graphs are reset (no captured graph, no metadata snapshot kept), new ones are captured on the
+    new buffers, and every replay after it is glued and bit-identical; with live width off too (the
+    graph-state hooks drop the glue whatever that switch says)."""
+    on, off = arms({**dsa_serving.ON, "SGLANG_DSA_LIVE_WIDTH": live_width})
+    for lengths, slots, bs in ROUNDS[:2]:
+        for op in dsa_serving.OPS:
+            assert replay_both(on, off, op, lengths, slots, bs) == [], op
+    old = {op: graph for op, (graph, _) in serving_loop.arm_glues(on).items()}
+    with arms.launch():
+        for arm in (on, off):
+            arm.recapture(arms.captured)
+    for op, graph in old.items():
+        assert not sglang_surface.glue_capture_keys(graph), op
+        keys = [serving_loop.glue_key_of(on.runners[op], bs) for bs in arms.captured]
+        assert not [key for key in keys if graph.is_captured(key)], op
+    assert serving_loop._captured_every_bs(on, arms.captured) == [True, True, True]
+    for lengths, slots, bs in ROUNDS:
+        for op in dsa_serving.OPS:
+            assert replay_both(on, off, op, lengths, slots, bs) == [], (op, bs)
+    for op, (graph, counts) in serving_loop.arm_glues(on).items():
+        assert graph is not old[op], op
+        assert counts.routed == len(ROUNDS) and not counts.eager, (op, counts)

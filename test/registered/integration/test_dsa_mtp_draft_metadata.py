@@ -128,7 +128,7 @@ def test_plugin_hooks_the_multi_step_backend_once_per_target():
     assert len({row.target for row in rows}) == len(rows)
     switches = {
         "init_forward_metadata_out_graph": {BOUNDED_REPLAY_METADATA, LIVE_WIDTH, METADATA_GLUE},
-        "init_cuda_graph_state": {BOUNDED_REPLAY_METADATA, LIVE_WIDTH},
+        "init_cuda_graph_state": {BOUNDED_REPLAY_METADATA, LIVE_WIDTH, METADATA_GLUE},
     }
     for method, expected in switches.items():
         [row] = [row for row in rows if row.target == f"{OWNER}.{method}"]

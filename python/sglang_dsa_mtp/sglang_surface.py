@@ -368,11 +368,6 @@ def glue_capture(graph, key) -> tuple | None:
     return st["graph"], st["meta"]
 
 
-def glue_capture_keys(graph) -> list:
-    """Every key SGLang's ``MetadataGlueGraph`` ``graph`` has seen (warmed up or captured)."""
-    return list(graph._states)
-
-
 def breakable_decode_graphs() -> bool:
     """Whether the server's decode-phase graphs (every decode, target-verify and draft runner's)
     use SGLang's breakable backend, whose replays run attention eagerly between graph pieces."""

@@ -106,6 +106,21 @@ def launch_floor_us(calls: int = 20, replays: int = 30) -> float:
     return cuda_graph_time_us(lambda: one.add_(1), calls=calls, replays=replays)
 
 
+def best_us(fn, calls: int, rounds: int) -> float:
+    """Host microseconds per call of ``fn``: the best of ``rounds`` loops of ``calls`` calls (one
+    call first, untimed; on CUDA the queue drained after each loop)."""
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) * 1e6 / calls)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    return best
+
+
 def written_call(fn, kwargs: dict):
     """A function of no arguments that calls ``fn`` with ``kwargs`` as a call site writes the call:
     every argument a keyword written in the call (a ``**dict`` Python passes another way, through

@@ -467,7 +467,7 @@ def _route(state: RunnerState, runner) -> None:
             raise LookupError(
                 f"the glue captured bs {bs} as {key}, SGLang replays it as {expected}"
             )
-    glue.graphs, glue.keys = backend.graphs, keys
+    glue.graphs = backend.graphs
     glue.replays = {bs: functools.partial(backend.graphs.replay, key) for bs, key in keys.items()}
     state.sglang_route = sglang_surface.runner_glue_route(runner)
     sglang_surface.set_runner_glue_route(runner, backend.graphs, skip_view=True)
@@ -507,7 +507,6 @@ def capture_mtp(multi, forward_batch, eager: Callable[[Any], None]) -> None:
     try:
         view = SimpleNamespace(**vars(forward_batch), num_padding=0)  # as a replay hands it
         if _capture_key(state, view, (bs,)):
-            state.keys[bs] = (bs,)
             state.replays[bs] = functools.partial(state.graphs.replay, (bs,))
     except Exception as exc:
         _failed(state, exc)

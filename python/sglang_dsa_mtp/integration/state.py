@@ -43,11 +43,10 @@ class GlueState:
     # shared; it captures nothing, so no prep).
     graphs: Any = None
     prep: Any = None
-    # The keys captured: a DSA backend's by (bs, forward mode) -> SGLang's key; a decode runner's
-    # by bs, those of its capture mode; the MTP draft decode's by bs -> (bs,).
+    # A DSA backend's captured keys: (bs, forward mode) -> SGLang's key.
     keys: dict = field(default_factory=dict)
-    # bs -> the prepared replay of its key, for a runner that calls the prep directly (the draft
-    # extend, the MTP draft decode).
+    # The prepared replay of each captured key: the draft extend's by (bs, mode); a decode runner's
+    # (its capture mode's keys) and the MTP draft decode's by bs.
     replays: dict = field(default_factory=dict)
     # bs -> what its capture read: the MTP draft decode's input buffers (seq_lens,
     # req_pool_indices); the draft extend's num_accept_tokens address (a padded replay's).

@@ -198,6 +198,17 @@ def assert_every_step_holds_what_sglang_writes(multi, lengths, slots, what: str)
         assert backend.forward_metadata is m
 
 
+def replay_poisoned(server, multi, spies, launches, lengths, slots) -> dict:
+    """One replay of ``BS`` with every step backend's buffers poisoned and the launch record emptied
+    first; the spies' counts before it."""
+    for backend in multi.attn_backends:
+        poison(backend.decode_cuda_graph_metadata[BS], POISON)
+    before = dict(spies)
+    launches.clear()
+    server.replay(multi, DECODE, lengths, slots)
+    return before
+
+
 def test_a_replay_the_bound_one_launch_takes_writes_sglangs_metadata_without_the_wrapper(
     dsa_server, hooked, spies, launches
 ):
@@ -208,11 +219,7 @@ def test_a_replay_the_bound_one_launch_takes_writes_sglangs_metadata_without_the
     plan = state_of(multi, MultiStepState).batch_sizes[BS]
     assert plan.reason is None and plan.bound.launcher == TRITON_LAUNCH
     for round_, (lengths, slots) in enumerate(ROUNDS):
-        for backend in multi.attn_backends:
-            poison(backend.decode_cuda_graph_metadata[BS], POISON)
-        before = dict(spies)
-        launches.clear()
-        server.replay(multi, DECODE, lengths, slots)
+        before = replay_poisoned(server, multi, spies, launches, lengths, slots)
         assert launches == [("bound", ONE_LAUNCH)], f"round {round_}"
         assert spies["one launch"] == before["one launch"], f"round {round_}: the wrapper ran"
         assert spies["precompute"] == before["precompute"]
@@ -237,11 +244,7 @@ def test_a_replay_the_bound_one_launch_refuses_goes_through_the_wrapper_once(
 
     hooked.setattr(plans[BS], "bound", asked)
     for round_, (lengths, slots) in enumerate(ROUNDS):
-        for backend in multi.attn_backends:
-            poison(backend.decode_cuda_graph_metadata[BS], POISON)
-        before = dict(spies)
-        launches.clear()
-        server.replay(multi, DECODE, lengths, slots)
+        before = replay_poisoned(server, multi, spies, launches, lengths, slots)
         assert answers == [False] * (round_ + 1), f"round {round_}: the bound launch not asked"
         assert launches == [("jit", ONE_LAUNCH)], f"round {round_}"
         assert spies["one launch"] - before["one launch"] == 1, f"round {round_}"

@@ -31,7 +31,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 import argparse
-import time
 
 from sglang_dsa_mtp.devices import select_device
 
@@ -40,20 +39,9 @@ DEVICE = select_device()  # before Triton is imported: on a CPU, Triton's interp
 import torch  # noqa: E402
 
 from support.bench_cli import markdown_header, markdown_row  # noqa: E402
+from support.timing import best_us  # noqa: E402
 
 SGLANG_ROUTE = {"SGLANG_ENABLE_METADATA_GLUE_GRAPH": "1", "SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW": "1"}
-
-
-def best_us(fn, calls: int, rounds: int) -> float:
-    """Microseconds per call of ``fn``: the best of ``rounds`` loops of ``calls`` calls."""
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, time.perf_counter() - start)
-    return best / calls * 1e6
 
 
 def prep_call(arm, op: str, bs: int, raw: int):

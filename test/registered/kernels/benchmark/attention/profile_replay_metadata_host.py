@@ -33,7 +33,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 import argparse
-import time
 
 from sglang_dsa_mtp.devices import select_device
 
@@ -48,24 +47,10 @@ from support.bench_cli import markdown_header, markdown_row, parse_list
 from support.constants import SMALL_WIDTH, WIDTH_1M
 from support.launch_stubs import Patches, compiled_on_cpu
 from support.metadata_cases import CapturedBuffers, kernel_for, one_launch_kwargs
-from support.timing import written_call
+from support.timing import best_us, written_call
 
 OPS = ("decode", "verify", "draft_extend", "mtp")
 PARTS = ("bound launch", "launcher", "Triton's launch")
-
-
-def best_us(fn, calls: int, rounds: int) -> float:
-    """Microseconds per call of ``fn``: the best of ``rounds`` loops of ``calls`` calls."""
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) * 1e6 / calls)
-        if DEVICE.type == "cuda":
-            torch.cuda.synchronize()
-    return best
 
 
 def profile(op, buffers, bs: int, calls: int, rounds: int) -> dict:

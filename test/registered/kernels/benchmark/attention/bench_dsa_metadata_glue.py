@@ -49,6 +49,7 @@ from pathlib import Path
 # test/ on the path: the test support (``support``)
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
+import contextlib
 import statistics
 import time
 
@@ -187,6 +188,31 @@ def sglang_glue_route(arm, raw: int, bs: int, tokens: int):
     return call, kwargs["glue_key"]
 
 
+def noop() -> None:
+    pass
+
+
+@contextlib.contextmanager
+def glue_launch_noop(arm, op: str, bs: int):
+    """The glue of (``op``, ``bs``) on the glued ``arm`` with its graph's launch a no-op (its
+    metadata stores kept) while the block runs; yields a call of the glue's replay of that key, or
+    None where the glue holds no such key."""
+    from support import serving_loop
+
+    glue = serving_loop.arm_glues(arm)[op][0]
+    key = serving_loop.glue_key_of(arm.runners[op], bs)
+    ready = getattr(glue, "_ready", {})  # the plugin's GlueGraph: key -> (launch, stores)
+    if key not in ready:
+        yield None
+        return
+    launch, stores = ready[key]
+    ready[key] = (noop, stores)
+    try:
+        yield lambda: glue.replay(key)
+    finally:
+        ready[key] = (launch, stores)
+
+
 def timed_replay(graph) -> float:
     start = time.perf_counter()
     graph.replay()
@@ -275,6 +301,19 @@ def measure_prep(arms: dict, reference, captured, tokens: int, batch_sizes, call
                         host[f"{label} in place"].append(
                             glued.replay(op, bs, seq_lens, slots, extra, in_place=graph.replay)
                         )
+            # The Python around the glue graph: the glued arm's prep with that graph's launch a
+            # no-op, the glue's replay of the key alone so, and a no-op, each in the prep's place.
+            if "glued" in arms:
+                glued = arms["glued"]
+                with glue_launch_noop(glued, op, bs) as glue_replay:
+                    if glue_replay is not None:
+                        timed = (("python glued", None), ("python glue replay", glue_replay))
+                        for label, call in (*timed, ("noop", noop)):
+                            for _ in range(calls):
+                                sync()
+                                host.setdefault(f"{label} in place", []).append(
+                                    glued.replay(op, bs, seq_lens, slots, extra, in_place=call)
+                                )
             sync()
             row = dict(op=op, raw_bs=raw, bs=bs)
             if route is not None:  # whether SGLang's route replayed a glue graph (unpadded)
@@ -425,6 +464,7 @@ def print_prep(rows: list[dict]) -> None:
                 + [ratio(row.get("sglang_glue_warm_host_us"), row.get("graph_in_place_host_us"))]
             )
         )
+    print_python_around(rows)
     print("\n## Per EAGLE round (draft decode + target verify + draft extend), host us\n")
     print(markdown_header(["live bs", *ARMS, "saved vs eager", "saved vs stock"]))
     for raw in sorted({row["raw_bs"] for row in rows}):
@@ -439,6 +479,41 @@ def print_prep(rows: list[dict]) -> None:
             )
         )
     print()
+
+
+def print_python_around(rows: list[dict]) -> None:
+    """The warm table of the Python around each glue graph, and how far it leaves the bar."""
+    print("\n## Warm: the Python around the glue graph (its launch a no-op), host us\n")
+    print(
+        "Each in the prep's place, after the glued arm's input copies: a no-op call (the timer's "
+        "floor); the glued prep with its glue graph's launch a no-op; the glue's own replay of the "
+        "key so. Around its graph: the glued prep less the no-op. Of it, the route: what is not the "
+        "glue's replay (the target verify's: SGLang's `_init_replay_attn_metadata`; the draft "
+        "runners': SGLang's `HookRegistry` wrapper and the plugin's hook). Least glued: one graph "
+        "replay in place plus the route, as if the glue's own replay cost nothing and its graph "
+        "launched as one kernel's.\n"
+    )
+    header = ["op", "live bs", "captured bs", "no-op in place host us"]
+    header += ["glued, launch a no-op host us", "around its graph host us"]
+    header += ["of it the glue's replay host us", "of it the route host us"]
+    header += ["one graph replay in place host us", "least glued / one graph replay in place"]
+    print(markdown_header(header))
+    for row in rows:
+        floor, whole = row.get("noop_in_place_host_us"), row.get("python_glued_in_place_host_us")
+        replay = row.get("python_glue_replay_in_place_host_us")
+        if floor is None or whole is None or replay is None:
+            continue
+        graph = row.get("graph_in_place_host_us")
+        route = whole - replay
+        print(
+            markdown_row(
+                [row["op"], str(row["raw_bs"]), str(row["bs"]), cell(floor, "{:,.2f}")]
+                + [cell(whole, "{:,.2f}"), cell(whole - floor, "{:,.2f}")]
+                + [cell(replay - floor, "{:,.2f}"), cell(route, "{:,.2f}")]
+                + [cell(graph)]
+                + [ratio(None if graph is None else graph + route, graph)]
+            )
+        )
 
 
 def route_cell(row: dict, key: str) -> str:

@@ -25,7 +25,9 @@ time a replay prep through ``MetadataGlueGraph`` has in SGLang, no line of the p
   Then warm: the glued arm's replays (input copies, prep, model graph) --calls times back to back,
   then SGLang's glue route's, then each graph's replays likewise, then each graph replayed in the
   prep's place (the glued arm's replays, the graph timed where the prep runs: after the same input
-  copies), the same medians. Per EAGLE round: the three ops' sum.
+  copies), the same medians. Then the Python around the glue graph, in the prep's place likewise:
+  the glued prep with its glue graph's launch a no-op, the glue's own replay of the key so, and a
+  no-op call (the timer's floor). Per EAGLE round: the three ops' sum.
 * Device time: the same calls between two CUDA events (the queue drained first): for the eager
   arms the span of the prep's launches, for the glued arm the graph's.
 * Memory: per --memory-max-bs, the eager and glued arms each built alone: ``memory_allocated`` and

@@ -47,7 +47,6 @@ runs in SGLang's route with no code of the plugin's, so no fallback of the plugi
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -55,11 +54,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph
 
 from sglang_dsa_mtp import sglang_surface
 from sglang_dsa_mtp.hooks import why_off
 from sglang_dsa_mtp.integration.state import (
+    ATTR,
     UNDECIDED,
     BackendState,
     GlueCounts,
@@ -75,6 +76,7 @@ from sglang_dsa_mtp.switches import METADATA_GLUE
 OFF = "the glue turned itself off (a capture raised)"
 NOT_CAPTURED = "its key was not captured with the server's graphs"
 PRECOMPUTE = "SGLang's precompute + copies write it (bs x width temporaries in a capture)"
+DRAFT_EXTEND_V2 = ForwardMode.DRAFT_EXTEND_V2  # a module constant: an enum member's lookup costs
 
 # CUDA device index -> (the torch.cuda.MemPool its glue graphs share, or None; why not, or None)
 _POOLS: dict[int, tuple[Any, str | None]] = {}
@@ -244,6 +246,12 @@ def _decide(state: GlueState, what: str, why_not: Callable[[], str | None], make
 
 
 def _failed(state: GlueState, exc: Exception) -> None:
+    """A glue graph's replay (or a capture of the plugin's) raised on the host: that glue is off
+    from now on, logged once, and the caller runs the eager prep, which rewrites every buffer the
+    graph writes. Each hook replays a key as SGLang's own route does (``state.graphs.replay(key)``)
+    inside its own ``try``: a helper's frame would cost the GPU host's Python a fifth of a
+    microsecond per replay. A device fault inside a replay is no exception here: CUDA's error is
+    sticky, and the eager prep would meet it too."""
     state.reason = f"raised {type(exc).__name__}: {exc}"
     state.replays.clear()
     log_failure(
@@ -275,25 +283,15 @@ def _capture_key(state: GlueState, forward_batch, key) -> bool:
     graphs = state.graphs
     while not graphs.disabled and not graphs.is_captured(key):
         graphs.run(state.prep, forward_batch, key)
+    if graphs.disabled:  # its graphs are gone: no key of it replays
+        state.keys.clear()
+        state.replays.clear()
     return graphs.is_captured(key)
 
 
-def _run(state: GlueState, replay, bs: int) -> bool:
-    """A replay's prep as ``replay`` (a captured key's graph replay; None: no key was captured for
-    this replay) replays it, as SGLang's own route replays a key; False where it did not run there
-    (no key, the glue turned itself off, or the replay raised on the host: that glue off from now
-    on), counted, and the caller runs the eager prep, which rewrites every buffer the graph writes.
-    A device fault inside the replay is no exception here: CUDA's error is sticky, the eager prep
-    would meet it too."""
-    if replay is None or state.graphs.disabled:
-        state.eager(OFF if state.graphs.disabled else state.uncaptured.get(bs, NOT_CAPTURED))
-        return False
-    try:
-        replay()
-    except Exception as exc:
-        _failed(state, exc)
-        return False
-    return True
+def _not_glued(state: GlueState, bs: int) -> None:
+    """A replay of ``bs`` that no key of ``state``'s glue serves, counted with the reason."""
+    state.eager(OFF if state.graphs.disabled else state.uncaptured.get(bs, NOT_CAPTURED))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -337,21 +335,33 @@ def glue_key(bs: int, mode) -> tuple:
 def dsa_prep(original, self, forward_batch, in_capture=False):
     """AROUND ``DeepseekSparseAttnBackend.init_forward_metadata_out_graph``. A replay's prep is
     glued here for the draft extend alone (its runner calls this prep directly); the decode
-    runner's glued replays never reach it."""
+    runner's glued replays never reach it. A replay reads the backend's state as stored
+    (``ATTR``; the hooks store only a :class:`BackendState` on a DSA backend)."""
     if in_capture:
         result = original(self, forward_batch, in_capture=True)
         role = _role(self, forward_batch.forward_mode)
         if role is not None:
             _capture_backend(original, self, forward_batch, role)
         return result
-    state = peek(self, BackendState).glue
-    bs, mode = forward_batch.batch_size, forward_batch.forward_mode
-    replay = state.replays.get((bs, mode))
-    if replay is not None or (state.reason is None and mode.is_draft_extend_v2()):
-        if _run(state, replay, bs):
-            accepted = getattr(forward_batch.spec_info, "num_accept_tokens", None)
-            state.padded += accepted is not None and accepted.data_ptr() == state.inputs[bs]
-            return None
+    held = self.__dict__.get(ATTR)
+    if (
+        held is not None
+        and held.glue.reason is None
+        and forward_batch.forward_mode is DRAFT_EXTEND_V2
+    ):
+        glue, bs = held.glue, forward_batch.batch_size
+        key = glue.replays.get(bs)
+        if key is None:
+            _not_glued(glue, bs)
+        else:
+            try:
+                glue.graphs.replay(key)
+            except Exception as exc:
+                _failed(glue, exc)
+            else:
+                accepted = forward_batch.spec_info.num_accept_tokens
+                glue.padded += accepted is not None and accepted.data_ptr() == glue.inputs[bs]
+                return None
     return original(self, forward_batch)  # it rewrites every buffer a failed glue wrote
 
 
@@ -375,7 +385,7 @@ def _capture_backend(original, backend, forward_batch, role: str) -> None:
         if mode.is_draft_extend_v2():  # a padded replay reads the capture's accept lengths
             accepted = getattr(forward_batch.spec_info, "num_accept_tokens", None)
             state.inputs[bs] = None if accepted is None else accepted.data_ptr()
-            state.replays[bs, mode] = functools.partial(state.graphs.replay, key)
+            state.replays[bs] = key
     except Exception as exc:
         _failed(state, exc)
 
@@ -425,21 +435,33 @@ def glue_replay_view_prep(
     a catch-all dict would cost every replay about a microsecond of the GPU host's). At the first,
     the runner decides, and its route is pointed at its backend's glue; a replay of a captured key
     of the capture mode is that graph's replay, padded or not; any other keeps SGLang's eager prep
-    (not SGLang's capture while serving)."""
-    state = state_of(self, RunnerState)
-    glue = state.glue
-    if glue.reason == UNDECIDED:
+    (not SGLang's capture while serving). A decided runner's state is read as stored (``ATTR``;
+    the hooks store only a :class:`RunnerState` on a decode runner)."""
+    state = self.__dict__.get(ATTR)
+    if state is None or state.glue.reason is UNDECIDED:
+        state = state_of(self, RunnerState)
         _decide(
-            glue, _runner_role(self), lambda: _why_not_runner(self), lambda _: _route(state, self)
+            state.glue,
+            _runner_role(self),
+            lambda: _why_not_runner(self),
+            lambda _: _route(state, self),
         )
+    glue = state.glue
     if glue.reason is None:
+        key = glue.replays.get(bs)
         if forward_batch.forward_mode is not self.capture_forward_mode:
             glue.eager(OTHER_MODE)
-        elif _run(glue, glue.replays.get(bs), bs):
-            glue.padded += raw_bs != bs
-            return None
-        elif glue.reason is not None:  # it raised: the route back to the glue the runner had
-            sglang_surface.set_runner_glue_route(self, *state.sglang_route)
+        elif key is None:
+            _not_glued(glue, bs)
+        else:
+            try:
+                glue.graphs.replay(key)
+            except Exception as exc:
+                _failed(glue, exc)  # and the route back to the glue the runner had
+                sglang_surface.set_runner_glue_route(self, *state.sglang_route)
+            else:
+                glue.padded += raw_bs != bs
+                return None
         glue_key = None
     return original(
         self,
@@ -468,7 +490,7 @@ def _route(state: RunnerState, runner) -> None:
                 f"the glue captured bs {bs} as {key}, SGLang replays it as {expected}"
             )
     glue.graphs = backend.graphs
-    glue.replays = {bs: functools.partial(backend.graphs.replay, key) for bs, key in keys.items()}
+    glue.replays = keys
     state.sglang_route = sglang_surface.runner_glue_route(runner)
     sglang_surface.set_runner_glue_route(runner, backend.graphs, skip_view=True)
 
@@ -507,31 +529,44 @@ def capture_mtp(multi, forward_batch, eager: Callable[[Any], None]) -> None:
     try:
         view = SimpleNamespace(**vars(forward_batch), num_padding=0)  # as a replay hands it
         if _capture_key(state, view, (bs,)):
-            state.replays[bs] = functools.partial(state.graphs.replay, (bs,))
+            state.replays[bs] = (bs,)
     except Exception as exc:
         _failed(state, exc)
+
+
+NOT_CAPTURED_BUFFERS = "padded inputs not the captured buffers"
 
 
 def mtp_replay(multi, forward_batch) -> bool:
     """The MTP draft decode's replay prep through its glue; False when it did not run there (the
     caller runs the eager prep). The captured graph reads the input buffers its bs was captured
-    with: a padded replay's inputs are those buffers (checked by address), an unpadded replay's
-    are the batch's own tensors, whose values the runner has just copied into them."""
-    state = peek(multi, MultiStepState).glue
-    if state.reason is not None:
+    with: an unpadded replay's inputs are the batch's own tensors, whose values the runner has just
+    copied into them; a padded replay's are those buffers, checked by address at the first padded
+    replay of each bs (the runner's buffers stay until a recapture, which drops the glue). A
+    replay reads the backend's state as stored (``ATTR``; the hooks store only a
+    :class:`MultiStepState` on the multi-step backend)."""
+    held = multi.__dict__.get(ATTR)
+    if held is None or held.glue.reason is not None:
         return False
-    bs = forward_batch.batch_size
+    glue, bs = held.glue, forward_batch.batch_size
+    key = glue.replays.get(bs)
+    if key is None:
+        _not_glued(glue, bs)
+        return False
     padded = getattr(forward_batch, "num_padding", 0)
-    if padded:
-        captured = state.inputs.get(bs)
+    if padded and bs in glue.inputs:
+        seq_lens, slots = glue.inputs[bs]
         if (
-            captured is None
-            or forward_batch.seq_lens.data_ptr() != captured[0].data_ptr()
-            or forward_batch.req_pool_indices.data_ptr() != captured[1].data_ptr()
+            forward_batch.seq_lens.data_ptr() != seq_lens.data_ptr()
+            or forward_batch.req_pool_indices.data_ptr() != slots.data_ptr()
         ):
-            state.eager("padded inputs not the captured buffers")
+            glue.eager(NOT_CAPTURED_BUFFERS)
             return False
-    if _run(state, state.replays.get(bs), bs):
-        state.padded += bool(padded)
-        return True
-    return False
+        del glue.inputs[bs]  # checked: its padded replays hand the captured buffers
+    try:
+        glue.graphs.replay(key)
+    except Exception as exc:
+        _failed(glue, exc)
+        return False
+    glue.padded += padded != 0
+    return True

@@ -5,7 +5,8 @@ under :data:`ATTR`: a decode graph runner a :class:`RunnerState`, a DSA attentio
 :class:`BackendState`, the MTP draft-decode backend a
 :class:`MultiStepState`, a model's ``LogitsProcessor`` a :class:`ProcessorState`. A field's
 default is what holds before the hook that sets it has run (for instance on an object built before
-the plugin's hooks were applied).
+the plugin's hooks were applied). :func:`state_of` and :func:`peek` check the kind; a glued
+replay's hook, on the host's hot path, reads ``obj.__dict__.get(ATTR)`` itself.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ class GlueState:
     prep: Any = None
     # A DSA backend's captured keys: (bs, forward mode) -> SGLang's key.
     keys: dict = field(default_factory=dict)
-    # The prepared replay of each captured key: the draft extend's by (bs, mode); a decode runner's
-    # (its capture mode's keys) and the MTP draft decode's by bs.
+    # bs -> the key its replays replay (SGLang's): the draft extend's, a decode runner's (its
+    # capture mode's keys), the MTP draft decode's.
     replays: dict = field(default_factory=dict)
     # bs -> what its capture read: the MTP draft decode's input buffers (seq_lens,
-    # req_pool_indices); the draft extend's num_accept_tokens address (a padded replay's).
+    # req_pool_indices; until its first padded replay is checked against them); the draft
+    # extend's num_accept_tokens address (a padded replay's).
     inputs: dict = field(default_factory=dict)
     uncaptured: dict = field(default_factory=dict)  # bs -> why its key was not captured
     padded: int = 0  # glue graph replays of a padded batch

@@ -88,8 +88,9 @@ BUGS = {
     # The target verify's padded replays left to the eager prep: the glue serves too few replays.
     "glue-skips-padded-replays": (
         "python/sglang_dsa_mtp/integration/dsa_metadata_glue.py",
-        "        elif _run(glue, glue.replays.get(bs), bs):",
-        "        elif raw_bs == bs and _run(glue, glue.replays.get(bs), bs):",
+        "        key = glue.replays.get(bs)\n        if forward_batch.forward_mode is not",
+        "        key = glue.replays.get(bs) if raw_bs == bs else None\n"
+        "        if forward_batch.forward_mode is not",
         ALL_DEVICES,
     ),
     # A DSA backend's glue kept across a recapture: its graphs replay into the old graph state's

@@ -167,6 +167,31 @@ def test_sglangs_own_route_replays_an_unpadded_captured_key_with_no_code_of_the_
     assert graph.replays == len(ROUNDS) and counts.padded == 1 and not counts.eager
 
 
+def test_an_mtp_padded_replay_on_other_inputs_than_the_captured_buffers_stays_eager(arms, hooked):
+    """The MTP draft decode's graph of a bs reads the input buffers it was captured with. A padded
+    replay handed other tensors (here: copies of them, SGLang's runner hands the buffers) runs the
+    eager prep, right and counted with the reason; the first padded replay on the buffers is
+    glued, and the check is not made again for that bs (the buffers stay until a recapture)."""
+    on, off = arms()
+    runner, reference = on.runners["draft decode"], off.runners["draft decode"]
+    lengths, slots = (dsa_serving.request_tensor(v, "cpu") for v in ([40, 7], [2, 3]))
+    state = peek(on.multi, MultiStepState).glue
+    for arm_runner in (runner, reference):
+        arm_runner.poison(3, POISON)
+        arm_runner.replay(3, lengths, slots, in_place=lambda: None)  # the runner's input copies
+    batch = runner._batch(3, runner.seq_lens[:3].clone(), runner.req_pool_indices[:3].clone())
+    batch.num_padding = 1
+    on.multi.init_forward_metadata_out_graph(batch)
+    runner.graphs.replay(("draft decode", 3))
+    reference.replay(3, lengths, slots)
+    assert not [n for n, differs in dsa_serving.differences(runner, reference, 3) if differs]
+    assert glue.glue_counts(on.multi, MultiStepState).eager == {glue.NOT_CAPTURED_BUFFERS: 1}
+    assert 3 in state.inputs
+    assert replay_both(on, off, "draft decode", [40, 7], [2, 3], 3) == []
+    counts = glue.glue_counts(on.multi, MultiStepState)
+    assert counts.routed == 1 and counts.padded == 1 and 3 not in state.inputs, counts
+
+
 def test_the_switch_off_keeps_every_prep_eager_and_says_so(arms, caplog):
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         on, off = arms({**dsa_serving.ON, dsa_serving.GLUE_ENV: "0"})
@@ -342,7 +367,7 @@ def test_the_decode_runner_replays_only_keys_of_its_capture_mode(arms):
     runner = on.runners["target verify"].decode_runner
     state = peek(runner, RunnerState).glue
     assert state.reason is None
-    assert state.replays[3].args == (glue.glue_key(3, ForwardMode.TARGET_VERIFY),)
+    assert state.replays[3] == glue.glue_key(3, ForwardMode.TARGET_VERIFY)
     assert glue.glue_counts(runner, RunnerState).routed == len(ROUNDS)
 
 

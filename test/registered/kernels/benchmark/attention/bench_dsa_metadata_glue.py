@@ -52,6 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 import contextlib
+import functools
 import statistics
 import time
 
@@ -215,6 +216,60 @@ def glue_launch_noop(arm, op: str, bs: int):
         ready[key] = (launch, stores)
 
 
+@contextlib.contextmanager
+def least_glued(arm, op: str, raw: int, bs: int, tokens: int, launch):
+    """Yields a call, for the prep's place, of SGLang's lines up to the plugin's code, the plugin's
+    part the least a glued replay can be: ``launch()``. The target verify: SGLang's
+    ``_init_replay_attn_metadata`` (unpadded: its glue route, to a ``MetadataGlueGraph`` whose key
+    is captured and whose replay is the launch; padded: to the replay view through
+    ``HookRegistry``'s AROUND wrapper of a hook that is the launch); the draft runners: that
+    wrapper of such a hook, called as the runner calls the prep."""
+    from types import MethodType
+
+    from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph
+    from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+
+    from support import dsa_serving
+
+    runner = arm.runners[op].decode_runner
+    if runner is None:
+        backend = arm.runners[op].backend
+
+        def hook(original, self, forward_batch, in_capture=False):
+            launch()
+
+        prep = type(backend).init_forward_metadata_out_graph.__wrapped__
+        yield functools.partial(MethodType(_wrap_fn(prep, hook, HookType.AROUND), backend), None)
+        return
+    batch, kwargs = dsa_serving.replay_prep_arguments(
+        runner, raw_bs=raw, bs=bs, num_tokens=bs * tokens
+    )
+
+    class LeastGlue(MetadataGlueGraph):
+        def replay(self, key):
+            launch()
+
+    glue = LeastGlue(DEVICE)
+    glue.is_captured = {kwargs["glue_key"]}.__contains__
+
+    def view_hook(
+        original, self, forward_batch, *, raw_bs, bs, num_tokens, glue_key, attention_variant
+    ):  # the plugin's hook's signature
+        launch()
+
+    view = type(runner)._init_replay_attn_metadata_from_view.__wrapped__
+    kept = runner._metadata_glue
+    runner._metadata_glue = glue
+    runner._init_replay_attn_metadata_from_view = MethodType(
+        _wrap_fn(view, view_hook, HookType.AROUND), runner
+    )
+    try:
+        yield lambda: runner._init_replay_attn_metadata(batch, **kwargs)
+    finally:
+        runner._metadata_glue = kept
+        del runner._init_replay_attn_metadata_from_view
+
+
 def timed_replay(graph) -> float:
     start = time.perf_counter()
     graph.replay()
@@ -316,6 +371,14 @@ def measure_prep(arms: dict, reference, captured, tokens: int, batch_sizes, call
                                 host.setdefault(f"{label} in place", []).append(
                                     glued.replay(op, bs, seq_lens, slots, extra, in_place=call)
                                 )
+                # The least glued: SGLang's lines, the plugin's part one graph launch (the floor's)
+                launch = noop if floor is None else floor.replay
+                with least_glued(glued, op, raw, bs, tokens, launch) as call:
+                    for _ in range(calls):
+                        sync()
+                        host.setdefault("least in place", []).append(
+                            glued.replay(op, bs, seq_lens, slots, extra, in_place=call)
+                        )
             sync()
             row = dict(op=op, raw_bs=raw, bs=bs)
             if route is not None:  # whether SGLang's route replayed a glue graph (unpadded)
@@ -491,29 +554,32 @@ def print_python_around(rows: list[dict]) -> None:
         "floor); the glued prep with its glue graph's launch a no-op; the glue's own replay of the "
         "key so. Around its graph: the glued prep less the no-op. Of it, the route: what is not the "
         "glue's replay (the target verify's: SGLang's `_init_replay_attn_metadata`; the draft "
-        "runners': SGLang's `HookRegistry` wrapper and the plugin's hook). Least glued: one graph "
-        "replay in place plus the route, as if the glue's own replay cost nothing and its graph "
-        "launched as one kernel's.\n"
+        "runners': SGLang's `HookRegistry` wrapper and the plugin's hook). Least glued: SGLang's "
+        "lines up to the plugin's code, run in the prep's place, with the plugin's part one launch "
+        "of the one-kernel graph (the target verify unpadded: SGLang's glue route to a "
+        "`MetadataGlueGraph` whose replay is that launch; padded, and the draft runners: "
+        "`HookRegistry`'s AROUND wrapper of a hook that is that launch), the least any glue "
+        "reached through SGLang's code costs.\n"
     )
     header = ["op", "live bs", "captured bs", "no-op in place host us"]
     header += ["glued, launch a no-op host us", "around its graph host us"]
     header += ["of it the glue's replay host us", "of it the route host us"]
-    header += ["one graph replay in place host us", "least glued / one graph replay in place"]
+    header += ["one graph replay in place host us", "least glued in place host us"]
+    header += ["least glued / one graph replay in place"]
     print(markdown_header(header))
     for row in rows:
         floor, whole = row.get("noop_in_place_host_us"), row.get("python_glued_in_place_host_us")
         replay = row.get("python_glue_replay_in_place_host_us")
         if floor is None or whole is None or replay is None:
             continue
-        graph = row.get("graph_in_place_host_us")
+        graph, least = row.get("graph_in_place_host_us"), row.get("least_in_place_host_us")
         route = whole - replay
         print(
             markdown_row(
                 [row["op"], str(row["raw_bs"]), str(row["bs"]), cell(floor, "{:,.2f}")]
                 + [cell(whole, "{:,.2f}"), cell(whole - floor, "{:,.2f}")]
                 + [cell(replay - floor, "{:,.2f}"), cell(route, "{:,.2f}")]
-                + [cell(graph)]
-                + [ratio(None if graph is None else graph + route, graph)]
+                + [cell(graph), cell(least, "{:,.2f}"), ratio(least, graph)]
             )
         )
 

@@ -46,7 +46,7 @@ def test_the_dry_run_prints_every_table(fresh_switches, sglang_targets_restored,
     # the Python around every glue graph, its launch a no-op, in the prep's place
     assert "## Warm: the Python around the glue graph" in out
     for row in written["prep"]:
-        for label in ("noop", "python_glued", "python_glue_replay"):
+        for label in ("noop", "python_glued", "python_glue_replay", "least"):
             assert row[f"{label}_in_place_host_us"] > 0, (row["op"], row["raw_bs"], label)
         assert f"| {row['op']} | {row['raw_bs']} | {row['bs']} | " in out
     assert all(len(keys) == 2 for keys in written["captures"].values())  # SGLang's list: 1, 2

@@ -359,7 +359,7 @@ def dsa_prep(original, self, forward_batch, in_capture=False):
             except Exception as exc:
                 _failed(glue, exc)
             else:
-                accepted = forward_batch.spec_info.num_accept_tokens
+                accepted = getattr(forward_batch.spec_info, "num_accept_tokens", None)
                 glue.padded += accepted is not None and accepted.data_ptr() == glue.inputs[bs]
                 return None
     return original(self, forward_batch)  # it rewrites every buffer a failed glue wrote

@@ -192,6 +192,21 @@ def test_an_mtp_padded_replay_on_other_inputs_than_the_captured_buffers_stays_ea
     assert counts.routed == 1 and counts.padded == 1 and 3 not in state.inputs, counts
 
 
+def test_a_draft_extend_replay_without_accept_lengths_is_glued_and_counted_unpadded(arms):
+    """The draft extend's padded count reads the batch's ``num_accept_tokens`` after the glue graph
+    replayed: a batch without them (no such field on its ``spec_info``) raises nothing into
+    SGLang; its replay is glued and counted as not padded."""
+    from types import SimpleNamespace
+
+    on, _ = arms()
+    runner = on.runners["draft extend"]
+    batch = runner._batch(2, runner.seq_lens, runner.req_pool_indices)
+    batch.spec_info = SimpleNamespace()
+    assert on.extend.init_forward_metadata_out_graph(batch) is None
+    counts = glue.glue_counts(on.extend, BackendState)
+    assert counts.routed == 1 and counts.padded == 0 and not counts.eager, counts
+
+
 def test_the_switch_off_keeps_every_prep_eager_and_says_so(arms, caplog):
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         on, off = arms({**dsa_serving.ON, dsa_serving.GLUE_ENV: "0"})

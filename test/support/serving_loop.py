@@ -1435,6 +1435,137 @@ def run(config: LoopConfig, monkeypatch, progress=None) -> LoopReport:
     return report
 
 
+def run_plain(
+    sizes: slice_.Sizes,
+    rounds: int,
+    monkeypatch,
+    *,
+    glue: bool,
+    seed: int = 0,
+    sglang_only: bool = False,
+) -> tuple[ServerReport, Calls]:
+    """A server without speculative decoding: its one runner, plain decode
+    (:data:`~.dsa_serving.DECODE`), both arms over one ``req_to_token`` capturing every batch size
+    SGLang captures, then ``rounds`` rounds as the loop's (a random captured bs, padded one round in
+    two, the requests of :class:`Requests` going on one token a round), recaptured a third of the
+    way in (``Arm.recapture``). After every replay, every tensor the graph reads is compared whole
+    with the off arm's (:func:`~.dsa_serving.differences`); the launches are counted
+    (:class:`Calls`): in ``ours["decode"]`` the on arm's replays that launched our decode kernel,
+    in ``unexpected`` a replay of either arm that launched what its arm must not, and a compile of
+    the on arm after its captures; with ``glue``, the replays its glue served in
+    ``glued``; in ``engaged``, the facts that make each arm what it claims. Returns the report and
+    the counter (its ``launches``, ``fell_back``, ``bindable`` and ``bound``: the on arm's, by
+    kernel). ``sglang_only``: the negative control, every captured bs of the on arm's decode
+    Fallback sent to SGLang's kernel before the capture (no launch of ours may be counted).
+    ``monkeypatch`` must carry the stand-ins (:func:`~.dsa_serving.prepare`)."""
+    from sglang_dsa_mtp.integration.dsa_metadata_glue import glue_counts
+    from sglang_dsa_mtp.integration.fallback import fallback_of
+    from sglang_dsa_mtp.integration.state import RunnerState
+
+    op, device = slice_.DECODE, sizes.device
+    rng = random.Random(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with monkeypatch.context() as counting, slice_.launch(None, sizes) as (_, captured):
+        if device.type != "cuda":
+            from sglang_dsa_mtp.kernels.ops import host
+
+            counting.setattr(host, "CPU_DEFAULT_BUDGET", LoopConfig.cpu_budget)
+        forget_all_compiled(device)
+        calls = Calls(counting)
+        req_to_token = torch.zeros(sizes.pool, sizes.context + 5, dtype=torch.int32, device=device)
+        common = dict(sizes=sizes, tokens=1, req_to_token=req_to_token, seeded=False)
+        on_env = slice_.ON if glue else {**slice_.ON, slice_.GLUE_ENV: "0"}
+        on = slice_.Arm("plugin on", on_env, **common)
+        kernels = slice_.sglang_metadata_kernels(device)
+        off = slice_.Arm("plugin off", slice_.OFF, kernels=kernels, **common)
+        for arm in (on, off):
+            calls.attach(arm)
+        fallback = fallback_of(on.target._fused_decode_metadata)
+        if sglang_only and fallback is not None:  # before the capture: a glue captures it so
+            fallback.failed.update(captured)
+        report = ServerReport(name="no speculative decoding", captured=sorted(captured))
+        report.replays, report.batch_sizes, report.padded = {op: 0}, {op: {}}, {op: 0}
+        report.ours, report.glued = {"decode": 0}, {op: 0} if glue else {}
+        requests = Requests(sizes, req_to_token, rng, gen)
+        compiles = {"on capture": 0, "off": 0}
+
+        def capture(again: bool) -> None:
+            for arm in (on, off):
+                with count_compiles() as compiled:
+                    if again:
+                        arm.recapture(captured)
+                    else:
+                        arm.capture(captured)
+                if arm is on:
+                    compiles["on capture"] += len(compiled.names)
+            when = ", after the recapture" if again else ""
+            facts = {
+                "on: the target has the bounded kernels": fallback is not None,
+                "off: the target has SGLang's kernels": (
+                    fallback_of(off.target._fused_decode_metadata) is None
+                ),
+                "on: every bs captured in the glue": _captured_every_bs(on, captured) == [glue],
+                "off: no bs captured in a glue": _captured_every_bs(off, captured) == [False],
+            }
+            report.engaged.update({fact + when: ok for fact, ok in facts.items()})
+
+        capture(again=False)
+        forward = torch.cuda.Stream() if device.type == "cuda" else None
+        if forward:
+            torch.cuda.synchronize()
+        with torch.cuda.stream(forward) if forward else contextlib.nullcontext():
+            for index in range(rounds):
+                if index == rounds // 3:
+                    capture(again=True)
+                    report.recaptured_after = index
+                bs = rng.choice(captured)
+                raw_bs = bs if bs == 1 or rng.random() < 0.5 else rng.randint(1, bs - 1)
+                slots, lengths = requests.batch(raw_bs)
+                odd = index % 2 == 1
+                slot_t = slice_.request_tensor(slots, device, odd=odd)
+                length_t = slice_.request_tensor(lengths, device, odd=odd)
+                for arm in (on, off):
+                    arm.runners[op].poison(bs, POISON)
+                glued = calls.glue_replays
+                label = f"round {index}, bs {bs} (raw {raw_bs})"
+                with count_compiles() as compiled, calls.replay("on") as (ran, fell_back):
+                    on.replay(op, bs, length_t, slot_t)
+                if glue:
+                    report.glued[op] += calls.glue_replays - glued
+                if compiled.names:
+                    report.unexpected.append(f"{label}: the on arm compiled {compiled.names}")
+                with count_compiles() as compiled, calls.replay("off") as (ran_off, _):
+                    off.replay(op, bs, length_t, slot_t)
+                compiles["off"] += len(compiled.names)
+                if ran_off:
+                    report.unexpected.append(f"{label}: the off arm ran ours: {dict(ran_off)}")
+                if ran["decode"] > 1 or fell_back["decode"] > 1 or set(ran) - {"decode"}:
+                    report.unexpected.append(f"{label}: launches {dict(ran)}, {dict(fell_back)}")
+                report.ours["decode"] += ran["decode"] == 1
+                report.replays[op] += 1
+                report.batch_sizes[op][bs] = report.batch_sizes[op].get(bs, 0) + 1
+                report.padded[op] += raw_bs < bs
+                for name, differs in slice_.differences(on.runners[op], off.runners[op], bs):
+                    report.comparisons += 1
+                    if bool(differs):
+                        report.mismatches.append(f"{report.name}, {label}: {name}")
+                report.rounds += 1
+                report.requests += raw_bs
+                report.long_requests += sum(n > sizes.long_from for n in lengths)
+                requests.advance(slots, [1] * raw_bs, 1)
+        if forward:
+            torch.cuda.synchronize()
+        if device.type == "cuda":  # the counter's positive controls, as the loop's
+            report.engaged["on: its captures compiled (the counter counts)"] = bool(
+                compiles["on capture"]
+            )
+            report.engaged["off: it compiled while serving"] = bool(compiles["off"])
+        counts = glue_counts(on.runners[op].decode_runner, RunnerState)
+        if glue and counts is not None:
+            report.glue_eager[op] = dict(counts.eager)
+    return report, calls
+
+
 def engagement_table(report: LoopReport) -> str:
     """A markdown table: per server, the plugin-on replays of each ENGAGED op that ran ours; then
     the launches of each kernel of ours (:class:`Calls`), those with more live tiles than tile

@@ -93,6 +93,14 @@ BUGS = {
         "        if forward_batch.forward_mode is not",
         ALL_DEVICES,
     ),
+    # The plain-decode role inverted: a server without speculative decoding keeps its eager prep
+    # (its glue never captures), and the draft steps' backends are glued as plain decode.
+    "glue-plain-decode-role-inverted": (
+        "python/sglang_dsa_mtp/integration/dsa_metadata_glue.py",
+        'and not getattr(backend, "speculative_num_steps", 0):',
+        'and getattr(backend, "speculative_num_steps", 0):',
+        ALL_DEVICES,
+    ),
     # A DSA backend's glue kept across a recapture: its graphs replay into the old graph state's
     # buffers while the new forward graphs read the new ones.
     "glue-not-reset-on-recapture": (

@@ -45,7 +45,7 @@ from support.sglang_import import require_sglang
 require_sglang()
 
 from support import dsa_backends as kit
-from support import dsa_serving, serving_loop
+from support import dsa_serving, real_ops, serving_loop
 from support.constants import POISON
 
 GPU_ROUNDS = 720  # at least 2,000 replays per arm
@@ -63,8 +63,16 @@ NEGATIVE = dict(
 
 @pytest.fixture
 def served(hooked):
-    """The plugin applied by SGLang's plugin loader, the stand-ins for what the machine lacks."""
-    kit.cuda_stand_ins(hooked)
+    """The plugin applied by SGLang's plugin loader; on a GPU, SGLang's own leaves of the DSA prep
+    where they run there (``real_ops.real_leaves``: its JIT paged-MQA schedule, top-k v2 plan and
+    metadata copies, FlashMLA's metadata), the stand-ins for the rest and on the CPU."""
+    real = []
+    if torch.cuda.is_available():
+        for leaf, where in real_ops.real_leaves().items():
+            print(f"{leaf}: {where}")
+            if not where.startswith("stand-in"):
+                real.append(leaf)
+    kit.cuda_stand_ins(hooked, real=real)
     return hooked
 
 
@@ -145,18 +153,19 @@ def test_the_serving_loop_on_the_cpu_is_bit_identical_and_absorbs_failures(serve
         assert server.captured == [*range(1, 9), 10], server.name
 
 
-@pytest.mark.parametrize(
-    "device",
-    [
-        pytest.param(
-            "cpu",
-            marks=pytest.mark.skipif(
-                torch.cuda.is_available(), reason="on a CUDA machine the GPU form runs instead"
-            ),
+# The CPU twin (not on a CUDA machine, where the GPU form runs instead) and the GPU form.
+DEVICES = [
+    pytest.param(
+        "cpu",
+        marks=pytest.mark.skipif(
+            torch.cuda.is_available(), reason="on a CUDA machine the GPU form runs instead"
         ),
-        pytest.param("gpu", marks=pytest.mark.gpu),
-    ],
-)
+    ),
+    pytest.param("gpu", marks=pytest.mark.gpu),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_the_negative_control_every_replay_on_sglangs_kernels_counts_no_launch_of_ours(
     served, device
 ):
@@ -195,6 +204,57 @@ def test_the_negative_control_every_replay_on_sglangs_kernels_counts_no_launch_o
     )
     others = [line for line in failures if not any(part in line for part in engagement)]
     assert others == [], "\n".join(others)
+
+
+# A server without speculative decoding (``serving_loop.run_plain``): its rounds on the GPU, at the
+# loop's sizes (max bs 48, a 1M-token context), and on the CPU at the twin's.
+PLAIN_ROUNDS = {"gpu": 360, "cpu": 30}
+
+
+def plain_sizes(device: str) -> dsa_serving.Sizes:
+    return dsa_serving.GPU_SIZES if device == "gpu" else dsa_serving.cpu_sizes(CPU_MAX_BS)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("glue", PREPS)
+def test_a_non_speculative_server_is_bit_identical_runs_ours_in_every_replay_and_compiles_nothing(
+    served, device, glue
+):
+    """Plain decode, the one runner of a DSA server without speculative decoding: every replay
+    bit-identical to SGLang's, our decode kernel launched in each (with the glue: as the glue's
+    graph, every replay, padded included), never in the off arm's, nothing compiled after the
+    captures, a recapture a third of the way in; on a GPU the launch bound at capture took every
+    launch of ours, and the compile counter counts."""
+    rounds, op = PLAIN_ROUNDS[device], dsa_serving.DECODE
+    report, calls = serving_loop.run_plain(plain_sizes(device), rounds, served, glue=glue)
+    print(f"{report.name}, bs {report.captured}: {serving_loop._batch_sizes_run(report, op)}")
+    print(f"glued {report.glued}")
+    print(f"launches of ours {dict(calls.launches)}, bound {dict(calls.bound)}")
+    assert [fact for fact, ok in report.engaged.items() if not ok] == []
+    assert len(report.engaged) == (10 if device == "gpu" else 8)
+    assert report.mismatches == [] and report.unexpected == []
+    assert report.rounds == report.replays[op] == rounds and report.comparisons
+    assert report.ours == {"decode": rounds} and calls.launches == {"decode": rounds}
+    assert not calls.fell_back
+    assert report.glued == ({op: rounds} if glue else {}) and not report.glue_eager.get(op)
+    assert 0 < report.recaptured_after < rounds
+    assert 2 * len(report.batch_sizes[op]) >= len(report.captured)
+    assert 5 * report.padded[op] >= rounds > report.padded[op]
+    assert calls.bindable["decode"] == rounds
+    assert calls.bound["decode"] == (rounds if device == "gpu" else 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_non_speculative_servers_negative_control_counts_no_launch_of_ours(served, device):
+    """The same server with every captured bs of the on arm's decode Fallback sent to SGLang's
+    kernel before the capture, glued: every replay still bit-identical, SGLang's kernel behind our
+    Fallback counted in every replay, no launch of ours."""
+    rounds, op = 12, dsa_serving.DECODE
+    sizes = plain_sizes(device)
+    report, calls = serving_loop.run_plain(sizes, rounds, served, glue=True, sglang_only=True)
+    assert report.mismatches == [] and report.unexpected == []
+    assert report.ours == {"decode": 0} and not calls.launches and not calls.bindable
+    assert calls.fell_back == {"decode": rounds} and report.glued == {op: rounds}
 
 
 @pytest.mark.quick

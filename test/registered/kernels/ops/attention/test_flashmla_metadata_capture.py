@@ -43,23 +43,14 @@ is called with the same arguments. Run it with ``-s`` to see the table.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import sys
-import tarfile
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 
+from support import real_ops
 from support.constants import POISON
-
-REPO = Path(__file__).resolve().parents[5]
-FLASH_MLA_VERSION = "1.0.0"
-PACKED = REPO / ".whl" / f"flash_mla-{FLASH_MLA_VERSION}.tar.xz"
 
 BATCH_SIZES = (1, 3, 16, 48)
 HEADS = (64, 128)
@@ -79,57 +70,14 @@ PAD_COLUMN = 7  # DecodingSchedMeta: 7 ints of schedule, then int _pad[1]
 # ------------------------------------------------------------------------------------------------
 
 
-def _unpacked(tarball: Path) -> Path:
-    """``tarball`` (a .tar.xz holding ``flash_mla/``) unpacked once into $TMPDIR, keyed by content."""
-    key = hashlib.sha256(tarball.read_bytes()).hexdigest()[:16]
-    folder = Path(tempfile.gettempdir()) / f"flash_mla-{key}"
-    if not folder.is_dir():
-        partial = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
-        with tarfile.open(tarball, "r:xz") as tar:
-            try:
-                tar.extractall(partial, filter="data")
-            except TypeError:  # a Python without extraction filters
-                tar.extractall(partial)
-        partial.rename(folder)
-    return folder
-
-
-def _flash_mla_source() -> tuple[Path | None, str]:
-    """The folder to put first on sys.path (None: the installed package) and where it came from."""
-    given = os.environ.get("GPU_FLASH_MLA_DIR")
-    if given:
-        path = Path(given)
-        if path.is_file():
-            return _unpacked(path), f"GPU_FLASH_MLA_DIR={given} (unpacked)"
-        return path, f"GPU_FLASH_MLA_DIR={given}"
-    if importlib.util.find_spec("flash_mla") is not None:
-        return None, "the installed package"
-    if PACKED.is_file():
-        return _unpacked(PACKED), f"{PACKED.relative_to(REPO)} (unpacked)"
-    return None, "nowhere: not installed, GPU_FLASH_MLA_DIR unset, no .whl/" + PACKED.name
-
-
 def import_flash_mla():
-    """The real ``flash_mla`` with its legacy kernels, or a skip that says what is missing."""
-    folder, where = _flash_mla_source()
-    if folder is not None and str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+    """The real ``flash_mla`` with its legacy kernels (``support.real_ops``), or a skip that says
+    what is missing."""
     try:
-        import flash_mla
-    except Exception as e:  # ImportError, or OSError from loading its CUDA extensions
-        text = f"{type(e).__name__}: {e}"
-        if e.__cause__ is not None:
-            text += f" ({type(e.__cause__).__name__}: {e.__cause__})"
-        print(f"flash_mla from {where} does not import: {text}")
-        pytest.skip(
-            f"needs FlashMLA (sgl-flash-mla {FLASH_MLA_VERSION}, package flash_mla), which does not "
-            f"import from {where}: {text}. Install it, or set GPU_FLASH_MLA_DIR to a folder holding "
-            f"flash_mla/ or to the .tar.xz of `bash test/pack_flash_mla.sh`"
-        )
-    if not flash_mla.has_legacy():
-        from flash_mla import _loader
-
-        pytest.skip(f"FlashMLA's legacy kernels did not load: {_loader._LEGACY_UNAVAILABLE}")
+        flash_mla, where = real_ops.import_flash_mla()
+    except real_ops.Unavailable as exc:
+        print(exc)
+        pytest.skip(f"needs FlashMLA: {exc}")
     print(f"flash_mla {flash_mla.__version__} from {Path(flash_mla.__file__).parent} ({where})")
     return flash_mla
 

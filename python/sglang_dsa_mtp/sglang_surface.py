@@ -378,6 +378,22 @@ def breakable_decode_graphs() -> bool:
     return config is not None and config.decode.backend == Backend.BREAKABLE
 
 
+def dflash_family_speculation() -> bool:
+    """Whether the server runs DFlash-family speculative decoding, whose verify plans are fed from
+    the host (SGLang's decode runner keeps its own glue off for it)."""
+    from sglang.srt.runtime_context import get_spec
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return SpeculativeAlgorithm.from_string(get_spec().speculative_algorithm).is_dflash_family()
+
+
+def lora_enabled() -> bool:
+    """Whether the server serves LoRA adapters (on the target model; the draft runs unadapted)."""
+    from sglang.srt.runtime_context import get_lora
+
+    return bool(get_lora().enable_lora)
+
+
 def backend_per_batch_part() -> str | None:
     """The server option under which a runner's replays use a backend per micro-batch or stream
     (two-batch overlap, pdmux), in words; None without either."""

@@ -18,6 +18,8 @@ benchmark script puts it there itself, and ``test/gpu_env.sh`` for the GPU runne
 - ``serving_loop``: EAGLE rounds replayed through them, every metadata buffer compared, failures
   injected, Triton's compiles counted;
 - ``indexer_cases``: the DSA indexer's chunked paged-MQA logits, SGLang's and the live-width copy;
+- ``real_ops``: SGLang's native DSA ops for real on a CUDA machine without its native packages
+  (FlashMLA and DeepGEMM from their wheels, SGLang's JIT kernels built there), or why not;
 - ``verify_rounds``: one EAGLE verify round through SGLang's own verify code (its batches,
   sampling info, verify input and ``eagle_sample``), for the target-verify argmax exchange;
 - ``verify_tree``: a chain draft's verify inputs, built SGLang's FULL_MASK way and its chain-tree way;

@@ -189,9 +189,10 @@ def swapped(module, values: dict) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def launch(name: str, sizes: Sizes) -> Iterator[tuple[object, list[int]]]:
+def launch(name: str, sizes: Sizes, **extra) -> Iterator[tuple[object, list[int]]]:
     """The EAGLE launch ``name`` (a key of ``dsa_backends.LAUNCHES``) published with
-    ``--cuda-graph-max-bs-decode`` and ``--max-running-requests`` at ``sizes.max_bs``; yields
+    ``--cuda-graph-max-bs-decode`` and ``--max-running-requests`` at ``sizes.max_bs`` and the server
+    arguments ``extra``; yields
     (the published ServerArgs, the batch sizes SGLang's graph runners capture, ascending).
 
     SGLang resolves the capture list when its server args resolve (its memory hook calls
@@ -209,6 +210,7 @@ def launch(name: str, sizes: Sizes) -> Iterator[tuple[object, list[int]]]:
     )
 
     fields = dict(max_running_requests=sizes.max_bs, cuda_graph_max_bs_decode=sizes.max_bs)
+    fields.update(extra)
     with kit.serving(name, **fields) as server_args:
         listed = generate_decode_cuda_graph_batch_sizes(server_args, sizes.max_bs)
     config = with_phase(default_cuda_graph_config(), Phase.DECODE, max_bs=sizes.max_bs, bs=listed)

@@ -18,7 +18,7 @@ Where each comes from:
   /usr/local/cuda) and ninja (on PATH).
 
 Each raises :class:`Unavailable` with the exact reason (the loader's error, its missing symbol,
-the missing tool) where the op cannot run here.
+the missing tool) where the op cannot run on the machine.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def _deep_gemm_wheel(version: str) -> Path | None:
 def deep_gemm_loads() -> dict[str, str | None]:
     """Per version of :data:`DEEP_GEMM_VERSIONS`: None where its wheel imports here (lazily bound,
     in a process of its own) and makes the paged-MQA schedule of two lengths as SGLang calls it,
-    else why not (the last lines of what the process printed)."""
+    else why not (the line naming an undefined symbol, else the last line the process printed)."""
     out = {}
     for version in DEEP_GEMM_VERSIONS:
         wheel = _deep_gemm_wheel(version)
@@ -150,12 +150,12 @@ def deep_gemm_loads() -> dict[str, str | None]:
             text=True,
             timeout=300,
         )
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        out[version] = (
-            None
-            if done.returncode == 0
-            else " | ".join(lines[-2:]) or (f"exit status {done.returncode}")
-        )
+        if done.returncode == 0:
+            out[version] = None
+            continue
+        lines = [line.strip() for line in (done.stderr or done.stdout).strip().splitlines()]
+        named = [line for line in lines if "undefined symbol" in line] or lines[-1:]
+        out[version] = named[0] if named else f"exit status {done.returncode}"
     return out
 
 
@@ -201,22 +201,3 @@ def jit_toolchain() -> str:
     if shutil.which("ninja") is None:
         raise Unavailable("SGLang's JIT kernels need ninja: none on PATH (pip install ninja)")
     return f"nvcc {shutil.which('nvcc')}, ninja {shutil.which('ninja')}"
-
-
-def real_leaves() -> dict[str, str]:
-    """Per leaf of ``dsa_backends.REAL_LEAVES`` (what the DSA prep calls that the harness can stand
-    in for): where it comes from when it runs for real here (made available: FlashMLA on
-    sys.path, nvcc on PATH), else ``"stand-in: "`` and why not."""
-    out = {}
-    try:
-        jit = f"SGLang's JIT kernel ({jit_toolchain()})"
-    except Unavailable as exc:
-        jit = f"stand-in: {exc}"
-    for leaf in ("paged-MQA schedule", "top-k v2 plan", "JIT metadata copies"):
-        out[leaf] = jit
-    try:
-        _, where = import_flash_mla()
-        out["FlashMLA metadata"] = f"FlashMLA's get_mla_metadata, sgl-flash-mla from {where}"
-    except Unavailable as exc:
-        out["FlashMLA metadata"] = f"stand-in: {exc}"
-    return out

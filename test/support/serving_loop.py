@@ -77,7 +77,8 @@ its captures (the warm-ups) must not be 0.
 The negative control (``LoopConfig.sglang_only``, no injections): every captured bs of every
 Fallback of the plugin-on arm sent to SGLang's kernel and off the MTP one launch after the capture;
 no launch of ours may be counted, and the run fails on engagement.
-:func:`run` returns a :class:`LoopReport`.
+:func:`run` returns a :class:`LoopReport`. :func:`run_plain` serves a server without speculative
+decoding (its one runner, plain decode) the same way, without injections or indexer calls.
 """
 
 from __future__ import annotations

@@ -208,8 +208,8 @@ def reset_glue(owner, kind: type) -> None:
 
 
 def _why_not_server(device) -> str | None:
-    """Why no runner of this server glues its prep (the switch, the graph backend, a backend per
-    micro-batch or stream, the shared pool), or None."""
+    """Why no runner of this server glues its prep (the switch, the graph backend, DFlash-family
+    speculation, a backend per micro-batch or stream, the shared pool), or None."""
     reason = why_off(METADATA_GLUE)
     if reason is not None:
         return reason
@@ -218,6 +218,8 @@ def _why_not_server(device) -> str | None:
             "breakable decode graphs run attention eagerly within a replay, reading the prefill "
             "choice (use_mha) that the prep resets and a glued replay does not"
         )
+    if sglang_surface.dflash_family_speculation():
+        return "DFlash-family speculative decoding (its verify plans are fed from the host)"
     reason = sglang_surface.backend_per_batch_part()
     if reason is not None:
         return reason
@@ -365,13 +367,18 @@ def dsa_prep(original, self, forward_batch, in_capture=False):
     return original(self, forward_batch)  # it rewrites every buffer a failed glue wrote
 
 
+TARGET_ROLES = ("target-verify backend", "decode backend")
+LORA = "LoRA is on (the target model's adapters: its decode runner keeps the eager prep)"
+
+
 def _capture_backend(original, backend, forward_batch, role: str) -> None:
     state = state_of(backend, BackendState).glue
     if state.reason == UNDECIDED:
         _decide(
             state,
             role,
-            lambda: _why_not_backend(backend),
+            lambda: _why_not_backend(backend)
+            or (LORA if role in TARGET_ROLES and sglang_surface.lora_enabled() else None),
             lambda s: _new_graphs(s, lambda fb: original(backend, fb), [backend]),
         )
     if state.reason is not None:

@@ -40,18 +40,18 @@ TOKENS = kit.LAUNCHES[LAUNCH][2]
 
 @pytest.fixture
 def arms(hooked):
-    """``arms(on_env, launch)``: (plugin arm with ``on_env``, SGLang's arm) of the EAGLE ``launch``
-    (None: no speculative decoding), captured at max bs 3 over one ``req_to_token``; the captured
-    batch sizes as ``arms.captured``."""
+    """``arms(on_env, launch, **server_args)``: (plugin arm with ``on_env``, SGLang's arm) of the
+    EAGLE ``launch`` (None: no speculative decoding) with more ``server_args``, captured at max bs
+    3 over one ``req_to_token``; the captured batch sizes as ``arms.captured``."""
     kit.cuda_stand_ins(hooked)
     sizes = dsa_serving.cpu_sizes(3)
     gen = torch.Generator().manual_seed(0)
     req_to_token = torch.zeros(sizes.pool, sizes.context + 4 + TOKENS, dtype=torch.int32)
     req_to_token[1:].random_(0, 1 << 30, generator=gen)
 
-    def build(on_env=dsa_serving.ON, launch=LAUNCH):
+    def build(on_env=dsa_serving.ON, launch=LAUNCH, **server_args):
         tokens = TOKENS if launch else 1
-        with dsa_serving.launch(launch, sizes) as (_, captured):
+        with dsa_serving.launch(launch, sizes, **server_args) as (_, captured):
             built = []
             for label, env, kernels in (
                 ("on", on_env, None),
@@ -461,6 +461,35 @@ def test_a_non_speculative_servers_decode_runner_glues_its_replays_padded_and_un
     assert counts.routed == len(ROUNDS) and counts.padded == 1 and not counts.eager, counts
     assert runner._metadata_glue is glue.captured_glue(on.target)
     assert glue.captured_glue(off.runners[dsa_serving.DECODE].decode_runner, RunnerState) is None
+
+
+def test_a_lora_server_keeps_the_targets_prep_eager_and_glues_the_unadapted_draft(arms):
+    """With LoRA adapters (on the target model only; SGLang's draft runs unadapted): the target's
+    backend captures no glue (no graph kept that no replay uses) and its verify runner keeps the
+    eager prep, saying why; the draft extend and the MTP draft decode are glued; every replay
+    bit-identical to SGLang's."""
+    on, off = arms(enable_lora=True, max_lora_rank=8, lora_target_modules=["q_proj"])
+    for lengths, slots, bs in ROUNDS:
+        for op in dsa_serving.OPS:
+            assert replay_both(on, off, op, lengths, slots, bs) == [], (op, bs)
+    assert peek(on.target, BackendState).glue.reason == glue.LORA
+    assert glue.captured_glue(on.target) is None
+    runner = on.runners["target verify"].decode_runner
+    assert glue.LORA in peek(runner, RunnerState).glue.reason
+    assert glue.glue_counts(runner, RunnerState).routed == 0
+    for owner, kind in ((on.extend, BackendState), (on.multi, MultiStepState)):
+        counts = glue.glue_counts(owner, kind)
+        assert counts.routed == len(ROUNDS) and not counts.eager, counts
+
+
+def test_a_dflash_server_glues_no_runner(arms):
+    """DFlash-family speculative decoding feeds its verify plans from the host (SGLang keeps its
+    own glue off for it): no runner glues, the reason said, every replay bit-identical."""
+    on, off = arms(launch=None, speculative_algorithm="DFLASH")
+    for lengths, slots, bs in ROUNDS:
+        assert replay_both(on, off, dsa_serving.DECODE, lengths, slots, bs) == [], bs
+    assert "DFlash" in peek(on.target, BackendState).glue.reason
+    assert glue.captured_glue(on.target) is None
 
 
 @pytest.mark.parametrize("live_width", ["1", "0"])

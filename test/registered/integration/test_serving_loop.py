@@ -45,7 +45,7 @@ from support.sglang_import import require_sglang
 require_sglang()
 
 from support import dsa_backends as kit
-from support import dsa_serving, real_ops, serving_loop
+from support import dsa_serving, serving_loop
 from support.constants import POISON
 
 GPU_ROUNDS = 720  # at least 2,000 replays per arm
@@ -63,16 +63,8 @@ NEGATIVE = dict(
 
 @pytest.fixture
 def served(hooked):
-    """The plugin applied by SGLang's plugin loader; on a GPU, SGLang's own leaves of the DSA prep
-    where they run there (``real_ops.real_leaves``: its JIT paged-MQA schedule, top-k v2 plan and
-    metadata copies, FlashMLA's metadata), the stand-ins for the rest and on the CPU."""
-    real = []
-    if torch.cuda.is_available():
-        for leaf, where in real_ops.real_leaves().items():
-            print(f"{leaf}: {where}")
-            if not where.startswith("stand-in"):
-                real.append(leaf)
-    kit.cuda_stand_ins(hooked, real=real)
+    """The plugin applied by SGLang's plugin loader, the stand-ins for what the machine lacks."""
+    kit.cuda_stand_ins(hooked)
     return hooked
 
 

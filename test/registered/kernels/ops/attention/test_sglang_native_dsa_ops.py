@@ -2,15 +2,16 @@
 the plugin's metadata, run as SGLang calls it and checked against an independent answer.
 
 Where each op comes from (``support.real_ops``): DeepGEMM (the paged-MQA schedule and logits) from
-the first sgl-deep-gemm release that imports here, lazily bound; FlashMLA (the scheduler metadata
-and the sparse decode) from its wheel; SGLang's JIT kernels (the top-k v2 plan and transform, the
-paged-MQA schedule of its torch-logits path) built by SGLang's ``load_jit`` with nvcc. An op that
-cannot run here is skipped with the exact reason (the loader's error, its missing symbol, the
-missing tool); off a GPU every test skips.
+the first sgl-deep-gemm release that imports and answers SGLang's schedule call, lazily bound;
+FlashMLA (the scheduler metadata and the sparse decode) from its wheel; SGLang's JIT kernels (the
+paged-MQA schedule of its DeepGEMM-less path, the top-k v2 plan and transform, the metadata copies)
+built by SGLang's ``load_jit`` with nvcc. An op that cannot run on the machine is skipped with the
+exact reason (the loader's error, its missing symbol, the missing tool); off a GPU every test skips.
 
-- DeepGEMM's ``get_paged_mqa_logits_metadata``, as SGLang's DSA prep calls it (``[rows, 1]`` int32
-  lengths, block 64, ``get_num_sms()``), against SGLang's own JIT schedule
-  (``dsv4.get_paged_mqa_logits_metadata``, the ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH`` path);
+- SGLang's JIT ``get_paged_mqa_logits_metadata`` (``dsv4``: its DSA prep's schedule under
+  ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH``), as the prep calls it (``[rows, 1]`` int32 lengths, block
+  64, the SM count), against DeepGEMM's split of the work as SGLang's kernel documents it
+  (:func:`expected_schedule`), bit for bit; DeepGEMM's own schedule against it;
 - DeepGEMM's ``fp8_paged_mqa_logits`` (the indexer's logits: 64 heads x 128, an FP8 paged cache of
   64-token blocks with per-token scales) against SGLang's torch ``fp8_paged_mqa_logits_torch`` on
   every live column;
@@ -18,7 +19,9 @@ missing tool); off a GPU every test skips.
   page table) against ``torch.topk`` of distinct scores;
 - FlashMLA's sparse decode (SGLang's ``flash_mla_with_kvcache`` on an FP8 "V32" cache with
   SGLang's ``get_mla_metadata``, top-2048 indices) against attention in float32 over the
-  dequantized cache (SGLang's ``dequantize_k_cache``).
+  dequantized cache (SGLang's ``dequantize_k_cache``);
+- SGLang's JIT metadata copy (``_copy_base_replay_buffers`` through ``fused_metadata_copy_cuda``)
+  against SGLang's own torch copies.
 
 Lengths: seeded, with the edges 0, 1, 63, 64, 65, 127, 128, 129, 2047, 2048, 2049 and the
 context.
@@ -47,13 +50,14 @@ EDGES = (0, 1, 63, 64, 65, 127, 128, 129, 2047, 2048, 2049)
 
 
 def lengths(rows: int, context: int, seed: int, *, least: int = 0) -> torch.Tensor:
-    """``rows`` int32 lengths in [least, context] on the GPU: the edges and the context in turn, the
-    rest log-uniform."""
+    """``rows`` int32 lengths in [least, context] on the GPU: every third the edges and the context
+    in turn (from the ``seed``-th), the rest log-uniform."""
     gen = torch.Generator().manual_seed(seed)
     edges = torch.tensor([*EDGES, context], dtype=torch.int64)
     edges = edges[(edges >= least) & (edges <= context)]
     drawn = torch.exp2(torch.rand(rows, generator=gen, dtype=torch.float64) * context.bit_length())
-    out = torch.where(torch.arange(rows) % 3 == 0, edges[torch.arange(rows) % len(edges)], drawn)
+    row = torch.arange(rows)
+    out = torch.where(row % 3 == 0, edges[(row // 3 + seed) % len(edges)], drawn)
     return out.long().clamp(least, context).to(torch.int32).cuda()
 
 

@@ -371,14 +371,22 @@ TARGET_ROLES = ("target-verify backend", "decode backend")
 LORA = "LoRA is on (the target model's adapters: its decode runner keeps the eager prep)"
 
 
+def _why_not_role(backend, role: str) -> str | None:
+    """Why a DSA backend's preps for ``role`` stay eager, or None: the backend's reasons, and for
+    the target's roles LoRA (only the target is adapted, and its runner keeps the eager prep)."""
+    reason = _why_not_backend(backend)
+    if reason is None and role in TARGET_ROLES and sglang_surface.lora_enabled():
+        return LORA
+    return reason
+
+
 def _capture_backend(original, backend, forward_batch, role: str) -> None:
     state = state_of(backend, BackendState).glue
     if state.reason == UNDECIDED:
         _decide(
             state,
             role,
-            lambda: _why_not_backend(backend)
-            or (LORA if role in TARGET_ROLES and sglang_surface.lora_enabled() else None),
+            lambda: _why_not_role(backend, role),
             lambda s: _new_graphs(s, lambda fb: original(backend, fb), [backend]),
         )
     if state.reason is not None:

@@ -242,7 +242,6 @@ def cuda_stand_ins(monkeypatch, *, sms: int | None = None) -> StandIns:
     - off a GPU only: the device capability (9, 0), ``dsa_backend.is_cuda``, and SGLang's three
       replay-metadata kernels (its own files with their ``assert tensor.is_cuda`` compiled out, run by
       Triton's interpreter).
-
     """
     import sglang.kernels.ops.attention.dsa.fused_metadata_copy as metadata_copy
     import sglang.kernels.ops.attention.dsv4.topk as topk_v2

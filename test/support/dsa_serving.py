@@ -192,8 +192,8 @@ def swapped(module, values: dict) -> Iterator[None]:
 def launch(name: str, sizes: Sizes, **extra) -> Iterator[tuple[object, list[int]]]:
     """The EAGLE launch ``name`` (a key of ``dsa_backends.LAUNCHES``) published with
     ``--cuda-graph-max-bs-decode`` and ``--max-running-requests`` at ``sizes.max_bs`` and the server
-    arguments ``extra``; yields
-    (the published ServerArgs, the batch sizes SGLang's graph runners capture, ascending).
+    arguments ``extra``; yields (the published ServerArgs, the batch sizes SGLang's graph runners
+    capture, ascending).
 
     SGLang resolves the capture list when its server args resolve (its memory hook calls
     ``generate_decode_cuda_graph_batch_sizes`` for the decode phase's max bs on a GPU device); the

@@ -57,7 +57,10 @@ def unpacked(archive: Path) -> Path:
         partial = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
         if archive.name.endswith(".tar.xz"):
             with tarfile.open(archive, "r:xz") as tar:
-                tar.extractall(partial, filter="data")
+                try:
+                    tar.extractall(partial, filter="data")
+                except TypeError:  # a Python without extraction filters
+                    tar.extractall(partial)
         else:
             with zipfile.ZipFile(archive) as wheel:
                 wheel.extractall(partial)

@@ -985,28 +985,14 @@ class _Server:
     # --- capture ----------------------------------------------------------------------------------
 
     def capture(self, counters: dict, *, again: bool = False) -> None:
-        """Both arms capture every batch size (``again``: recapture, as SGLang does while serving,
-        ``dsa_serving.Arm.recapture``), the on arm's compiles counted; then the arms' host fields
-        compared."""
+        """Both arms capture every batch size (:func:`capture_arms`), the on arm's compiles counted,
+        the host fields that differ reported as mismatches."""
         start = time.perf_counter()
-        for arm in (self.on, self.off):
-            with count_compiles() as compiled:
-                if again:
-                    arm.recapture(self.captured)
-                else:
-                    arm.capture(self.captured)
-            if arm is self.on:
-                counters["on capture"] += len(compiled.names)
+        compiled, differing = capture_arms(self.on, self.off, self.captured, again=again)
+        counters["on capture"] += compiled
         when = "recapture" if again else "capture"
         self.report.seconds[when] = time.perf_counter() - start
-        for op in slice_.OPS:
-            for bs in self.captured:
-                for name in slice_.static_differences(
-                    self.on.runners[op], self.off.runners[op], bs
-                ):
-                    self.report.mismatches.append(
-                        f"{self.report.name}, {when}, {op} bs {bs}: {name}"
-                    )
+        self.report.mismatches += [f"{self.report.name}, {when}, {d}" for d in differing]
 
     def recapture(self, counters: dict) -> None:
         """Mid-run, SGLang's recapture while serving: every runner of both arms made anew over the
@@ -1097,7 +1083,7 @@ class _Server:
 
     def round(self, index: int, bs: int, counters: dict) -> None:
         sizes, rng, report = self.sizes, self.rng, self.report
-        raw_bs = bs if bs == 1 or rng.random() < 0.5 else rng.randint(1, bs - 1)
+        raw_bs = raw_batch_size(bs, rng)
         slots, lengths = self.requests.batch(raw_bs)
         accepted = [rng.randint(1, self.tokens) for _ in slots]
         odd = index % 2 == 1
@@ -1245,6 +1231,34 @@ class _Server:
         for op, (_, counts) in arm_glues(self.on).items():
             if counts is not None:
                 self.report.glue_eager[op] = dict(counts.eager)
+
+
+def capture_arms(on, off, batch_sizes, *, again: bool) -> tuple[int, list[str]]:
+    """Both arms capture every batch size of ``batch_sizes`` (``again``: recapture, as SGLang does
+    while serving, ``dsa_serving.Arm.recapture``); (the Triton compiles of the on arm's capture,
+    the host fields of each runner and bs that differ between the arms, as ``"op bs N: field"``)."""
+    compiled_on = 0
+    for arm in (on, off):
+        with count_compiles() as compiled:
+            if again:
+                arm.recapture(batch_sizes)
+            else:
+                arm.capture(batch_sizes)
+        if arm is on:
+            compiled_on = len(compiled.names)
+    differing = [
+        f"{op} bs {bs}: {name}"
+        for op in on.runners
+        for bs in batch_sizes
+        for name in slice_.static_differences(on.runners[op], off.runners[op], bs)
+    ]
+    return compiled_on, differing
+
+
+def raw_batch_size(bs: int, rng: random.Random) -> int:
+    """The requests of a round at the captured ``bs``: ``bs`` one round in two, else drawn from
+    1 .. bs - 1 (a batch the runners pad to ``bs``)."""
+    return bs if bs == 1 or rng.random() < 0.5 else rng.randint(1, bs - 1)
 
 
 def glue_key_of(runner, bs: int) -> tuple:
@@ -1449,8 +1463,9 @@ def run_plain(
     (:data:`~.dsa_serving.DECODE`), both arms over one ``req_to_token`` capturing every batch size
     SGLang captures, then ``rounds`` rounds as the loop's (a random captured bs, padded one round in
     two, the requests of :class:`Requests` going on one token a round), recaptured a third of the
-    way in (``Arm.recapture``). After every replay, every tensor the graph reads is compared whole
-    with the off arm's (:func:`~.dsa_serving.differences`); the launches are counted
+    way in (``Arm.recapture``). After each capture the host fields are compared, after every
+    replay every tensor the graph reads, whole, with the off arm's
+    (:func:`~.dsa_serving.differences`); the launches are counted
     (:class:`Calls`): in ``ours["decode"]`` the on arm's replays that launched our decode kernel,
     in ``unexpected`` a replay of either arm that launched what its arm must not, and a compile of
     the on arm after its captures; with ``glue``, the replays its glue served in
@@ -1491,15 +1506,10 @@ def run_plain(
         compiles = {"on capture": 0, "off": 0}
 
         def capture(again: bool) -> None:
-            for arm in (on, off):
-                with count_compiles() as compiled:
-                    if again:
-                        arm.recapture(captured)
-                    else:
-                        arm.capture(captured)
-                if arm is on:
-                    compiles["on capture"] += len(compiled.names)
+            compiled, differing = capture_arms(on, off, captured, again=again)
+            compiles["on capture"] += compiled
             when = ", after the recapture" if again else ""
+            report.mismatches += [f"{report.name}, capture{when}, {d}" for d in differing]
             facts = {
                 "on: the target has the bounded kernels": fallback is not None,
                 "off: the target has SGLang's kernels": (
@@ -1520,7 +1530,7 @@ def run_plain(
                     capture(again=True)
                     report.recaptured_after = index
                 bs = rng.choice(captured)
-                raw_bs = bs if bs == 1 or rng.random() < 0.5 else rng.randint(1, bs - 1)
+                raw_bs = raw_batch_size(bs, rng)
                 slots, lengths = requests.batch(raw_bs)
                 odd = index % 2 == 1
                 slot_t = slice_.request_tensor(slots, device, odd=odd)

@@ -15,8 +15,9 @@
 #     from it with the installed SGLang hidden) and packed with xz.
 # .whl/triton-VERSION-cp312-slim.tar.xz   with --triton VERSION (when absent): Triton's wheel for
 #     CPython 3.12 unpacked, libtriton.so stripped of its symbols, without CUPTI, proton, the
-#     instrumentation, the AMD backend (and its entry point) or the bundled ptxas (run_gpu.sh points
-#     TRITON_PTXAS_PATH at the CUDA toolkit's), packed with xz: 44 MB for 3.8.0.
+#     instrumentation, the AMD backend (and its entry point), the bundled ptxas (run_gpu.sh points
+#     TRITON_PTXAS_PATH at the CUDA toolkit's), the disassemblers, FileCheck or the MLIR plugins
+#     (only Triton's own tests and tools use them), packed with xz: 41 MB for 3.8.0.
 # Then prints what travels with one command (the payload, the Triton tarball if there, the
 # checkout) against the limit; fails past it.
 #
@@ -64,7 +65,8 @@ if [ -n "$triton_version" ]; then
         t=$work/t/triton
         strip --strip-unneeded "$t/_C/libtriton.so"
         rm -rf "$t"/backends/nvidia/lib/cupti* "$t"/backends/nvidia/bin/ptxas* "$t/_C/libproton.so" \
-            "$t/instrumentation" "$t/backends/amd"
+            "$t/instrumentation" "$t/backends/amd" "$t"/backends/nvidia/bin/{nvdisasm,cuobjdump} \
+            "$t/FileCheck" "$t/plugins"
         sed -i '/^amd = /d' "$work"/t/triton-*.dist-info/entry_points.txt
         (cd "$work/t" && tar -cf - triton triton-*.dist-info) | xz -T0 -9 >"$slim.partial"
         mv "$slim.partial" "$slim"

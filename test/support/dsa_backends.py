@@ -225,7 +225,11 @@ class StandIns:
         )
 
 
-def cuda_stand_ins(monkeypatch, *, sms: int | None = None) -> StandIns:
+# The leaves :func:`cuda_stand_ins` can leave real on a GPU (``real``), by name.
+REAL_LEAVES = ("paged-MQA schedule", "top-k v2 plan", "FlashMLA metadata", "JIT metadata copies")
+
+
+def cuda_stand_ins(monkeypatch, *, sms: int | None = None, real=()) -> StandIns:
     """SGLang's native and JIT leaves replaced for one test or run, on any device; ``dsa_backend``
     then runs its CUDA paths:
 
@@ -242,6 +246,12 @@ def cuda_stand_ins(monkeypatch, *, sms: int | None = None) -> StandIns:
     - off a GPU only: the device capability (9, 0), ``dsa_backend.is_cuda``, and SGLang's three
       replay-metadata kernels (its own files with their ``assert tensor.is_cuda`` compiled out, run by
       Triton's interpreter).
+
+    On a GPU, the leaves named in ``real`` (of :data:`REAL_LEAVES`, each made available first:
+    ``support.real_ops.real_leaves``) stay SGLang's own: the paged-MQA schedule is its JIT one and
+    the SM count the device's (what SGLang's resolvers return under
+    ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH``, where DeepGEMM is absent), the top-k v2 plan its JIT
+    plan, FlashMLA's metadata its ``get_mla_metadata``, the metadata copies its JIT kernels.
     """
     import sglang.kernels.ops.attention.dsa.fused_metadata_copy as metadata_copy
     import sglang.kernels.ops.attention.dsv4.topk as topk_v2
@@ -250,20 +260,31 @@ def cuda_stand_ins(monkeypatch, *, sms: int | None = None) -> StandIns:
 
     stand_ins = StandIns()
     on_gpu = torch.cuda.is_available()
+    unknown = set(real) - set(REAL_LEAVES)
+    if unknown or (real and not on_gpu):
+        raise ValueError(f"real: {sorted(real)} (of {REAL_LEAVES}, on a GPU only)")
     if sms is None:
         sms = torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else SMS
     monkeypatch.setattr(dsa_backend, "resolve_num_sms", lambda: sms)
-    monkeypatch.setattr(
-        dsa_backend, "resolve_paged_mqa_logits_metadata_fn", lambda: stand_ins.schedule
-    )
-    monkeypatch.setattr(topk_v2, "plan_topk_v2", stand_ins.topk_plan)
-    monkeypatch.setattr(
-        dsa_backend.DeepseekSparseAttnBackend,
-        "_compute_flashmla_metadata",
-        lambda self, cache_seqlens, seq_len_q: stand_ins.flashmla(self, cache_seqlens, seq_len_q),
-    )
-    for name in ("_jit_fused_metadata_copy_module", "_jit_fused_metadata_copy_multi_module"):
-        monkeypatch.setattr(metadata_copy, name, stand_ins.jit_module(name))
+    schedule = stand_ins.schedule
+    if "paged-MQA schedule" in real:
+        from sglang.kernels.ops.attention.dsv4.attn import get_paged_mqa_logits_metadata
+
+        schedule = get_paged_mqa_logits_metadata
+    monkeypatch.setattr(dsa_backend, "resolve_paged_mqa_logits_metadata_fn", lambda: schedule)
+    if "top-k v2 plan" not in real:
+        monkeypatch.setattr(topk_v2, "plan_topk_v2", stand_ins.topk_plan)
+    if "FlashMLA metadata" not in real:
+        monkeypatch.setattr(
+            dsa_backend.DeepseekSparseAttnBackend,
+            "_compute_flashmla_metadata",
+            lambda self, cache_seqlens, seq_len_q: stand_ins.flashmla(
+                self, cache_seqlens, seq_len_q
+            ),
+        )
+    if "JIT metadata copies" not in real:
+        for name in ("_jit_fused_metadata_copy_module", "_jit_fused_metadata_copy_multi_module"):
+            monkeypatch.setattr(metadata_copy, name, stand_ins.jit_module(name))
     for module in (manager, dsa_backend):
         monkeypatch.setattr(module, "print", stand_ins.quiet_print, raising=False)
     if not on_gpu:

@@ -149,13 +149,14 @@ def cpu_sizes(max_bs: int = 5) -> Sizes:
     )
 
 
-def prepare(monkeypatch, device: torch.device) -> kit.StandIns:
+def prepare(monkeypatch, device: torch.device, *, real=()) -> kit.StandIns:
     """Before a slice is built, once per test or run: ``sgl_kernel`` stubbed where absent, the
-    plugin loaded by SGLang's plugin loader, the stand-ins installed (all undone with
-    ``monkeypatch``, but the hooks: see ``load_plugin``)."""
+    plugin loaded by SGLang's plugin loader, the stand-ins installed but for the leaves named in
+    ``real`` (``kit.cuda_stand_ins``; all undone with ``monkeypatch``, but the hooks: see
+    ``load_plugin``)."""
     install_native_stubs()
     kit.load_plugin(monkeypatch)
-    return kit.cuda_stand_ins(monkeypatch)
+    return kit.cuda_stand_ins(monkeypatch, real=real)
 
 
 @contextlib.contextmanager
@@ -585,8 +586,9 @@ class Runner:
 def differences(on: Runner, off: Runner, bs: int, *, skip=()) -> list[tuple[str, object]]:
     """(name, differs) for every tensor the two arms' graphs of ``bs`` read, ``differs`` a bool or
     a 0-d bool tensor (on the device: read them all with one sync). Each tensor is compared whole,
-    bit for bit, but ``real_page_table``: each row's entries that SGLang's kernels write (page
-    ``c`` while ``c * page_size`` is below the row's ``cache_seqlens_int32`` rounded up to
+    bit for bit, but the words SGLang's prep leaves unwritten (:func:`unwritten`) and
+    ``real_page_table``: each row's entries that SGLang's kernels write (page ``c`` while
+    ``c * page_size`` is below the row's ``cache_seqlens_int32`` rounded up to
     :data:`SGLANG_BLOCK_N` token columns), since past them a replay leaves what an earlier replay
     of any batch size wrote (SGLang's contract: readers stop at the row's length). Names whose
     last word is in ``skip`` are left out."""
@@ -605,9 +607,65 @@ def differences(on: Runner, off: Runner, bs: int, *, skip=()) -> list[tuple[str,
                 stock[prefix + "cache_seqlens_int32"], b, off.static[bs][prefix + "page_size"]
             )
             out.append((name + " (written)", ((a != b) & written).any()))
-        else:
+            continue
+        kept = unwritten(name, b)
+        if kept is None:
             out.append((name, (a != b).any()))
+        elif kept is not True:
+            out.append((name + " (written)", ((a != b) & ~kept).any()))
     return out
+
+
+# FlashMLA's DecodingSchedMeta: seven ints of schedule, then ``int _pad[1]``, which its
+# get_mla_metadata never writes and its decode never reads.
+FLASHMLA_PAD_COLUMN = 7
+_plan_written: dict[tuple, bool] = {}
+
+
+def unwritten(name: str, stock: torch.Tensor):
+    """The words of one read tensor that SGLang's prep leaves unwritten, as they come out of the
+    ``torch.empty`` its leaves return and copies into the graph's buffer (so they differ from
+    arm to arm and replay to replay, and no reader looks at them): None where every word is
+    written, True for the whole tensor, else a bool mask like ``stock``.
+
+    - ``flashmla_metadata``'s ``_pad`` column (:data:`FLASHMLA_PAD_COLUMN`);
+    - ``topk_v2_plan`` where the installed ``plan_topk_v2`` (SGLang's JIT kernel, or a stand-in)
+      writes no plan for its row count: SGLang's kernel plans only the batches its persistent
+      cluster top-k takes, and its top-k reads the plan only for those (``topk_v2.cuh``); asked
+      of the installed op once per row count, the way SGLang's ``topk_v2_plan_is_written`` asks."""
+    leaf = name.rpartition(" ")[2]
+    if leaf == "flashmla_metadata.flashmla_metadata" and stock.shape[-1] == 8:
+        mask = torch.zeros_like(stock, dtype=torch.bool)
+        mask[..., FLASHMLA_PAD_COLUMN] = True
+        return mask
+    if leaf == "topk_v2_plan":
+        import sglang.kernels.ops.attention.dsv4.topk as topk_v2
+
+        key = (topk_v2.plan_topk_v2, stock.shape, stock.device)
+        if key not in _plan_written:
+            probe = torch.full_like(stock, -1)
+            lengths = torch.ones(stock.shape[0] - 1, dtype=torch.int32, device=stock.device)
+            topk_v2.plan_topk_v2(lengths, out=probe)
+            _plan_written[key] = bool((probe != -1).any())
+        return None if _plan_written[key] else True
+    return None
+
+
+def describe(on: Runner, off: Runner, bs: int, name: str) -> str:
+    """Where one tensor the two arms' graphs of ``bs`` read differs: how many words, the first
+    one's index and both values."""
+    name = name.removesuffix(" (written)")
+    a, b = on.read(bs).get(name), off.read(bs).get(name)
+    if a is None or b is None or a.shape != b.shape:
+        return f"{name}: ours {None if a is None else tuple(a.shape)}, SGLang's {None if b is None else tuple(b.shape)}"
+    differ = (a != b).nonzero()
+    if not len(differ):
+        return f"{name}: equal"
+    first = tuple(differ[0].tolist())
+    return (
+        f"{name}: {len(differ)} of {a.numel()} words differ, first at {first}: "
+        f"ours {a[first].item()}, SGLang's {b[first].item()}"
+    )
 
 
 def written_pages(kv_lens: torch.Tensor, table: torch.Tensor, page_size: int) -> torch.Tensor:

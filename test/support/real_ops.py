@@ -13,6 +13,10 @@ Where each comes from:
   that a torch symbol only an error path calls (missing from this machine's torch) does not stop
   the import; each version is tried in a process of its own first (a library whose load fails can
   abort the process);
+- ``sgl_kernel`` (sglang-kernel 0.4.10, SGLang 0.5.23's pin: the norm, rope, quantization and MoE
+  ops of a DSA model's server; its Python and SM90 ``common_ops`` without the 1.1 GB ``flash_ops``):
+  the installed package, else ``.whl/real-ops/sgl_kernel-0.4.10-sm90.tar.xz``, loaded in a
+  process of its own first;
 - SGLang's JIT kernels (the top-k v2 plan and transform, the paged-MQA schedule, the fused metadata
   copies): built by SGLang's own ``load_jit`` with nvcc (on PATH, ``CUDA_HOME`` or
   /usr/local/cuda) and ninja (on PATH).
@@ -189,6 +193,56 @@ def import_deep_gemm():
 
 
 # ------------------------------------------------------------------------------------------------
+# sgl_kernel (the norm, rope, quantization and MoE ops a DSA model's server calls)
+# ------------------------------------------------------------------------------------------------
+
+SGL_KERNEL_VERSION = "0.4.10"  # SGLang 0.5.23's pin (sglang-kernel)
+SGL_KERNEL_PACKED = WHEELS / f"sgl_kernel-{SGL_KERNEL_VERSION}-sm90.tar.xz"
+_SGL_KERNEL_IMPORT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import sgl_kernel
+x = torch.randn(4, 512, dtype=torch.bfloat16, device="cuda")
+w = torch.randn(512, dtype=torch.bfloat16, device="cuda")
+got = sgl_kernel.rmsnorm(x, w, 1e-6)
+want = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float())
+torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+"""
+
+
+def import_sgl_kernel():
+    """``sgl_kernel`` (its Python and SM90 ``common_ops``: the 1.1 GB ``flash_ops`` cannot travel)
+    where it loads (in a process of its own first: a failed op registration aborts the process)
+    and makes SGLang's RMSNorm of a bf16 batch; where from. Else :class:`Unavailable` with the
+    loader's last line (the process's signal where it was killed)."""
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        import sgl_kernel
+
+        return sgl_kernel, "the installed package"
+    if not SGL_KERNEL_PACKED.is_file():
+        raise Unavailable(f"no {SGL_KERNEL_PACKED.relative_to(REPO)} (bash test/pack_real_ops.sh)")
+    folder = unpacked(SGL_KERNEL_PACKED)
+    done = subprocess.run(
+        [sys.executable, "-c", _SGL_KERNEL_IMPORT, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        lines = [line.strip() for line in (done.stderr or done.stdout).strip().splitlines()]
+        why = next((line for line in lines if "undefined symbol" in line), None)
+        why = why or (lines[-1] if lines else "nothing printed")
+        if done.returncode < 0:
+            why = f"killed by signal {-done.returncode} at import ({why})"
+        raise Unavailable(f"sglang-kernel {SGL_KERNEL_VERSION} (SM90 common_ops): {why}")
+    sys.path.insert(0, str(folder))
+    import sgl_kernel
+
+    return sgl_kernel, f"sglang-kernel {SGL_KERNEL_VERSION} from {SGL_KERNEL_PACKED.name}"
+
+
+# ------------------------------------------------------------------------------------------------
 # SGLang's JIT kernels
 # ------------------------------------------------------------------------------------------------
 
@@ -204,3 +258,33 @@ def jit_toolchain() -> str:
     if shutil.which("ninja") is None:
         raise Unavailable("SGLang's JIT kernels need ninja: none on PATH (pip install ninja)")
     return f"nvcc {shutil.which('nvcc')}, ninja {shutil.which('ninja')}"
+
+
+def real_leaves() -> dict[str, str]:
+    """Per leaf of ``dsa_backends.REAL_LEAVES`` (what the DSA prep calls that the harness can stand
+    in for): where it comes from when it runs for real on the machine (made available: FlashMLA on
+    sys.path, nvcc on PATH), else ``"stand-in: "`` and why not."""
+    out = {}
+    try:
+        jit = f"SGLang's JIT kernel ({jit_toolchain()})"
+    except Unavailable as exc:
+        jit = f"stand-in: {exc}"
+    for leaf in ("paged-MQA schedule", "top-k v2 plan", "JIT metadata copies"):
+        out[leaf] = jit
+    try:
+        _, where = import_flash_mla()
+        out["FlashMLA metadata"] = f"FlashMLA's get_mla_metadata, sgl-flash-mla from {where}"
+    except Unavailable as exc:
+        out["FlashMLA metadata"] = f"stand-in: {exc}"
+    return out
+
+
+def usable_leaves() -> list[str]:
+    """The leaves of :func:`real_leaves` that run for real on the machine, each leaf printed with
+    where it comes from or why it stays a stand-in."""
+    usable = []
+    for leaf, where in real_leaves().items():
+        print(f"{leaf}: {where}")
+        if not where.startswith("stand-in"):
+            usable.append(leaf)
+    return usable

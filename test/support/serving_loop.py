@@ -104,6 +104,7 @@ from support.compiles import count_compiles, forget_compiled
 from support.constants import POISON
 from support.reference import metadata_module
 
+DESCRIBED = 5  # the first mismatches of a run told word by word (dsa_serving.describe)
 LAUNCH_NAMES = ("3/1/4", "4/1/5", "5/1/6")
 EDGES = (0, 1, 63, 64, 65, 127, 128, 129)  # and the context itself
 # What the plugin-on arm's replays must run of ours: our target-verify and draft-extend kernels,
@@ -1097,7 +1098,7 @@ class _Server:
             ),
         }
         accepted_t = torch.tensor(accepted, dtype=torch.int32, device=device)
-        flags = []
+        flags, where = [], {}
         for op in ("draft decode", "target verify", "draft extend"):
             for arm in (self.on, self.off):
                 arm.runners[op].poison(bs, POISON)
@@ -1119,7 +1120,9 @@ class _Server:
             for name, differs in slice_.differences(
                 self.on.runners[op], self.off.runners[op], bs, skip=skip
             ):
-                flags.append((f"{op} bs {bs} (raw {raw_bs}): {name}", differs))
+                label = f"{op} bs {bs} (raw {raw_bs}): {name}"
+                flags.append((label, differs))
+                where[label] = (op, bs, name)
         values = [f for _, f in flags if isinstance(f, torch.Tensor)]
         resolved = iter(torch.stack(values).tolist() if values else [])
         report.comparisons += len(flags)
@@ -1128,6 +1131,13 @@ class _Server:
                 differs = next(resolved)
             if differs:
                 report.mismatches.append(f"{report.name}, round {index}, {label}")
+                if len(report.mismatches) <= DESCRIBED:
+                    op, bs, name = where[label]
+                    report.mismatches[
+                        -1
+                    ] += (
+                        f" ({slice_.describe(self.on.runners[op], self.off.runners[op], bs, name)})"
+                    )
         report.rounds += 1
         report.requests += len(lengths)
         report.long_requests += sum(n > sizes.long_from for n in lengths)
@@ -1560,6 +1570,10 @@ def run_plain(
                     report.comparisons += 1
                     if bool(differs):
                         report.mismatches.append(f"{report.name}, {label}: {name}")
+                        if len(report.mismatches) <= DESCRIBED:
+                            report.mismatches[
+                                -1
+                            ] += f" ({slice_.describe(on.runners[op], off.runners[op], bs, name)})"
                 report.rounds += 1
                 report.requests += raw_bs
                 report.long_requests += sum(n > sizes.long_from for n in lengths)

@@ -44,8 +44,10 @@ from support.sglang_import import require_sglang
 
 require_sglang()
 
+import sglang.kernels.ops.attention.dsv4.topk as topk_v2
+
 from support import dsa_backends as kit
-from support import dsa_serving, serving_loop
+from support import dsa_serving, real_ops, serving_loop
 from support.constants import POISON
 
 GPU_ROUNDS = 720  # at least 2,000 replays per arm
@@ -63,8 +65,10 @@ NEGATIVE = dict(
 
 @pytest.fixture
 def served(hooked):
-    """The plugin applied by SGLang's plugin loader, the stand-ins for what the machine lacks."""
-    kit.cuda_stand_ins(hooked)
+    """The plugin applied by SGLang's plugin loader; on a GPU, SGLang's own leaves of the DSA prep
+    where they run there (``real_ops.real_leaves``: its JIT paged-MQA schedule, top-k v2 plan and
+    metadata copies, FlashMLA's metadata), the stand-ins for the rest and on the CPU."""
+    kit.cuda_stand_ins(hooked, real=real_ops.usable_leaves() if torch.cuda.is_available() else ())
     return hooked
 
 
@@ -284,8 +288,11 @@ def test_the_comparison_names_a_planted_difference_in_each_buffer_and_refuses_un
     of each buffer the comparison reads made to differ in the plugin-on arm's read, one at a time:
     the comparison names that buffer and no other. ``real_page_table``: page 1 (past the live page
     0, inside SGLang's first 128-column block) is named, page 2 (past the block: SGLang writes
-    nothing there) is not. A READ tensor set to None, or a tensor READ does not list, stops the
-    comparison with an error naming it."""
+    nothing there) is not; FlashMLA's schedule: word 0 of a row is named, its ``_pad`` word
+    (FlashMLA never writes it) is not; the top-k plan is not compared where the installed plan op
+    writes none (SGLang's JIT plan at the row counts its cluster top-k does not take). A READ
+    tensor set to None, or a tensor READ does not list, stops the comparison with an error naming
+    it."""
     name = "3/1/4"
     sizes = dsa_serving.cpu_sizes(max_bs=2)
     tokens = kit.LAUNCHES[name][2]
@@ -313,6 +320,7 @@ def test_the_comparison_names_a_planted_difference_in_each_buffer_and_refuses_un
         for arm in arms:
             arm.capture(captured)
         on, off = arms
+        kit_plan = topk_v2.plan_topk_v2
         bs, slots = 2, dsa_serving.request_tensor([1, 2], sizes.device)
         for op in dsa_serving.OPS:
             length = 1 + tokens if op == "draft extend" else 1
@@ -330,15 +338,27 @@ def test_the_comparison_names_a_planted_difference_in_each_buffer_and_refuses_un
             reads = on.runners[op].read(bs)
             assert {buffer.rpartition(" ")[2] for buffer in reads} == set(dsa_serving.READ), op
             for buffer, out in reads.items():
-                cells = (
-                    [(0, 1), (0, 2)] if buffer.endswith("real_page_table") else [(0,) * out.dim()]
-                )
-                for cell in cells:
+                written, unwritten = {buffer}, []
+                if buffer.endswith("real_page_table"):
+                    written, cells, unwritten = {buffer + " (written)"}, [(0, 1)], [(0, 2)]
+                elif buffer.endswith("flashmla_metadata.flashmla_metadata"):
+                    written, cells = {buffer + " (written)"}, [(0, 0)]
+                    unwritten = [(0, dsa_serving.FLASHMLA_PAD_COLUMN)]
+                else:
+                    cells = [(0,) * out.dim()]
+                for cell in cells + unwritten:
                     kept = out[cell].clone()
                     out[cell] += 1
-                    expected = {buffer + " (written)" if cell == (0, 1) else buffer}
-                    assert named() == (set() if cell == (0, 2) else expected), (op, buffer, cell)
+                    expected = set() if cell in unwritten else written
+                    assert named() == expected, (op, buffer, cell)
                     out[cell] = kept
+            served.setattr(topk_v2, "plan_topk_v2", lambda lens, threshold=-1, *, out=None: out)
+            for buffer, out in reads.items():
+                if buffer.endswith("topk_v2_plan"):
+                    out.view(-1)[0] += 1
+                    assert named() == set(), (op, buffer)
+                    out.view(-1)[0] -= 1
+            served.setattr(topk_v2, "plan_topk_v2", kit_plan)
         metadata = on.target.decode_cuda_graph_metadata[bs]
         for field, value in (("dsa_cache_seqlens_int32", None), ("stray", torch.zeros(1))):
             broken = SimpleNamespace(**{**vars(metadata), field: value})

@@ -7,7 +7,8 @@ Reproduces the tables "Metadata glue" of docs/results.md on the GPU at hand. Eve
 ``DecodeCudaGraphRunner`` replay prep, the draft extend and the MTP draft decode as their runners
 hand the prep; the stand-ins it names for DeepGEMM's schedule, SGLang's JIT top-k plan and FlashMLA's
 metadata, which a CUDA machine without SGLang's native packages lacks: torch functions, a few
-launches each, where the real ones are one launch each). Three arms of one server (--launch, seeded
+launches each, where the real ones are one launch each; with --real-leaves, SGLang's own JIT
+schedule, top-k plan and metadata copies and FlashMLA's metadata where they run). Three arms of one server (--launch, seeded
 draft steps, --max-bs, a 1M context): ``stock`` (every kill switch off), ``eager``
 (``SGLANG_DSA_METADATA_GLUE=0``), ``glued`` (the plugin's defaults); and, for the target verify
 alone, SGLang's own glue route as a reference (``sglang glue``: every kill switch off,
@@ -68,6 +69,7 @@ from support.bench_cli import (  # noqa: E402
     markdown_row,
     write_json,
 )
+from support import real_ops  # noqa: E402
 from support.dsa_backends import LAUNCHES  # noqa: E402
 
 ARMS = ("stock", "eager", "glued")
@@ -91,6 +93,12 @@ def build_parser():
     parser.add_argument("--calls", type=int, default=50, help="timed calls per op, bs, arm")
     parser.add_argument(
         "--memory-max-bs", nargs="+", type=int, default=[48, 256], help="max bs of the memory"
+    )
+    parser.add_argument(
+        "--real-leaves",
+        action="store_true",
+        help="SGLang's own leaves of the prep where they run (its JIT schedule, top-k plan and "
+        "metadata copies, FlashMLA's metadata: support.real_ops), stand-ins for the rest",
     )
     parser.add_argument("--json", help="write every measurement here")
     parser.add_argument(
@@ -671,7 +679,10 @@ def main(argv=None) -> int:
     record.update(settings=vars(args))
     tokens = LAUNCHES[args.launch][2]
     with pytest.MonkeyPatch.context() as monkeypatch:
-        dsa_serving.prepare(monkeypatch, DEVICE)
+        real = real_ops.usable_leaves() if args.real_leaves else []
+        record["real leaves"] = real
+        print(f"# SGLang's own leaves: {', '.join(real) or 'none (every leaf a stand-in)'}\n")
+        dsa_serving.prepare(monkeypatch, DEVICE, real=real)
         captures = timed_captures(monkeypatch)
         memory = []
         for max_bs in args.memory_max_bs:

@@ -21,7 +21,10 @@ exact reason (the loader's error, its missing symbol, the missing tool); off a G
   SGLang's ``get_mla_metadata``, top-2048 indices) against attention in float32 over the
   dequantized cache (SGLang's ``dequantize_k_cache``);
 - SGLang's JIT metadata copy (``_copy_base_replay_buffers`` through ``fused_metadata_copy_cuda``)
-  against SGLang's own torch copies.
+  against SGLang's own torch copies;
+- ``sgl_kernel`` (sglang-kernel 0.4.10's SM90 ``common_ops``: what a DSA model's server needs
+  besides the attention ops, its norms, rope, quantization and MoE): loaded, and its RMSNorm against
+  float32 RMSNorm.
 
 Lengths: seeded, with the edges 0, 1, 63, 64, 65, 127, 128, 129, 2047, 2048, 2049 and the
 context.
@@ -351,3 +354,16 @@ def test_sglangs_jit_metadata_copy_writes_what_its_torch_copies_write(jit, mode,
             ]
         for label, want, got in pairs:
             assert torch.equal(got, want), label
+
+
+def test_sgl_kernel_loads_and_its_rmsnorm_normalises():
+    """What a real server of a DSA model needs besides the attention ops: ``sgl_kernel`` loads (in
+    a process of its own first) and its RMSNorm of a bf16 batch is float32 RMSNorm within bf16
+    rounding; else skipped with the loader's reason."""
+    sgl_kernel, where = _skip_unless(real_ops.import_sgl_kernel)
+    print(f"sgl_kernel from {where}")
+    x = torch.randn(8, 7168, dtype=torch.bfloat16, device="cuda")
+    weight = torch.randn(7168, dtype=torch.bfloat16, device="cuda")
+    got = sgl_kernel.rmsnorm(x, weight, 1e-6).float()
+    ref = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)

@@ -40,6 +40,7 @@ import torch
 
 from support.constants import SMALL_WIDTH, SMS
 from support.metadata_cases import SMALL_TOPK
+from support.real_ops import REAL_LEAVES
 from support.reference import metadata_module
 
 LAUNCHES = {"3/1/4": (3, 1, 4), "4/1/5": (4, 1, 5), "5/1/6": (5, 1, 6)}  # steps / topk / tokens
@@ -225,10 +226,6 @@ class StandIns:
         )
 
 
-# The leaves :func:`cuda_stand_ins` can leave real on a GPU (``real``), by name.
-REAL_LEAVES = ("paged-MQA schedule", "top-k v2 plan", "FlashMLA metadata", "JIT metadata copies")
-
-
 def cuda_stand_ins(monkeypatch, *, sms: int | None = None, real=()) -> StandIns:
     """SGLang's native and JIT leaves replaced for one test or run, on any device; ``dsa_backend``
     then runs its CUDA paths:
@@ -247,7 +244,7 @@ def cuda_stand_ins(monkeypatch, *, sms: int | None = None, real=()) -> StandIns:
       replay-metadata kernels (its own files with their ``assert tensor.is_cuda`` compiled out, run by
       Triton's interpreter).
 
-    On a GPU, the leaves named in ``real`` (of :data:`REAL_LEAVES`, each made available first:
+    On a GPU, the leaves named in ``real`` (of ``real_ops.REAL_LEAVES``, each made available first:
     ``support.real_ops.real_leaves``) stay SGLang's own: the paged-MQA schedule is its JIT one and
     the SM count the device's (what SGLang's resolvers return under
     ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH``, where DeepGEMM is absent), the top-k v2 plan its JIT

@@ -46,6 +46,8 @@ FLASH_MLA_PACKED = REPO / ".whl" / f"flash_mla-{FLASH_MLA_VERSION}.tar.xz"
 # sgl-deep-gemm releases, tried in turn: SGLang 0.5.23's pin first, then older releases with the
 # same two paged-MQA functions and signatures.
 DEEP_GEMM_VERSIONS = ("0.2.3.post2", "0.2.0", "0.1.5.post3")
+# The leaves of the DSA prep that ``dsa_backends.cuda_stand_ins`` can leave SGLang's own on a GPU.
+REAL_LEAVES = ("paged-MQA schedule", "top-k v2 plan", "FlashMLA metadata", "JIT metadata copies")
 
 
 class Unavailable(RuntimeError):
@@ -261,9 +263,14 @@ def jit_toolchain() -> str:
 
 
 def real_leaves() -> dict[str, str]:
-    """Per leaf of ``dsa_backends.REAL_LEAVES`` (what the DSA prep calls that the harness can stand
+    """Per leaf of :data:`REAL_LEAVES` (what the DSA prep calls that the harness can stand
     in for): where it comes from when it runs for real on the machine (made available: FlashMLA on
-    sys.path, nvcc on PATH), else ``"stand-in: "`` and why not."""
+    sys.path, nvcc on PATH), else ``"stand-in: "`` and why not (every leaf without a CUDA device).
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return {leaf: "stand-in: no CUDA device" for leaf in REAL_LEAVES}
     out = {}
     try:
         jit = f"SGLang's JIT kernel ({jit_toolchain()})"

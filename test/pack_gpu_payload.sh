@@ -17,7 +17,7 @@
 #     CPython 3.12 unpacked, libtriton.so stripped of its symbols, without CUPTI, proton, the
 #     instrumentation, the AMD backend (and its entry point), the bundled ptxas (run_gpu.sh points
 #     TRITON_PTXAS_PATH at the CUDA toolkit's), the disassemblers, FileCheck or the MLIR plugins
-#     (only Triton's own tests and tools use them), packed with xz: 41 MB for 3.8.0.
+#     (only Triton's own tests and tools use them), packed with xz: 39 MB for 3.8.0.
 # Then prints what travels with one command (the payload, the Triton tarball if there, the
 # checkout) against the limit; fails past it.
 #

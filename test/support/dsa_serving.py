@@ -601,19 +601,31 @@ def differences(on: Runner, off: Runner, bs: int, *, skip=()) -> list[tuple[str,
         if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
             out.append((name, True))
             continue
-        if name.endswith("real_page_table"):
-            prefix = name[: -len("real_page_table")]
-            written = written_pages(
-                stock[prefix + "cache_seqlens_int32"], b, off.static[bs][prefix + "page_size"]
-            )
-            out.append((name + " (written)", ((a != b) & written).any()))
-            continue
-        kept = unwritten(name, b)
-        if kept is None:
+        words = compared_words(off, bs, name)
+        if words is None:
             out.append((name, (a != b).any()))
-        elif kept is not True:
-            out.append((name + " (written)", ((a != b) & ~kept).any()))
+        elif words is not False:
+            out.append((name + " (written)", ((a != b) & words).any()))
     return out
+
+
+def compared_words(off: Runner, bs: int, name: str):
+    """The words of the read tensor ``name`` that :func:`differences` compares (the stock arm
+    ``off``'s read of ``bs`` decides): None for every word, False for none, else a bool mask:
+    ``real_page_table`` the pages SGLang's kernels write (:func:`written_pages`), elsewhere all
+    but what :func:`unwritten` names."""
+    stock = off.read(bs)
+    if name.endswith("real_page_table"):
+        prefix = name[: -len("real_page_table")]
+        return written_pages(
+            stock[prefix + "cache_seqlens_int32"], stock[name], off.static[bs][prefix + "page_size"]
+        )
+    kept = unwritten(name, stock[name])
+    if kept is None:
+        return None
+    if kept is True:
+        return False
+    return ~kept
 
 
 # FlashMLA's DecodingSchedMeta: seven ints of schedule, then ``int _pad[1]``, which its
@@ -652,13 +664,16 @@ def unwritten(name: str, stock: torch.Tensor):
 
 
 def describe(on: Runner, off: Runner, bs: int, name: str) -> str:
-    """Where one tensor the two arms' graphs of ``bs`` read differs: how many words, the first
-    one's index and both values."""
+    """Where one tensor the two arms' graphs of ``bs`` read differs, among the words
+    :func:`differences` compares: how many words, the first one's index and both values."""
     name = name.removesuffix(" (written)")
     a, b = on.read(bs).get(name), off.read(bs).get(name)
     if a is None or b is None or a.shape != b.shape:
-        return f"{name}: ours {None if a is None else tuple(a.shape)}, SGLang's {None if b is None else tuple(b.shape)}"
-    differ = (a != b).nonzero()
+        shapes = [None if t is None else tuple(t.shape) for t in (a, b)]
+        return f"{name}: ours {shapes[0]}, SGLang's {shapes[1]}"
+    words = compared_words(off, bs, name)
+    differ = (a != b) if words is None else (a != b) & words
+    differ = differ.nonzero()
     if not len(differ):
         return f"{name}: equal"
     first = tuple(differ[0].tolist())

@@ -1098,7 +1098,7 @@ class _Server:
             ),
         }
         accepted_t = torch.tensor(accepted, dtype=torch.int32, device=device)
-        flags, where = [], {}
+        flags = []
         for op in ("draft decode", "target verify", "draft extend"):
             for arm in (self.on, self.off):
                 arm.runners[op].poison(bs, POISON)
@@ -1120,24 +1120,16 @@ class _Server:
             for name, differs in slice_.differences(
                 self.on.runners[op], self.off.runners[op], bs, skip=skip
             ):
-                label = f"{op} bs {bs} (raw {raw_bs}): {name}"
-                flags.append((label, differs))
-                where[label] = (op, bs, name)
-        values = [f for _, f in flags if isinstance(f, torch.Tensor)]
+                flags.append((op, name, differs))
+        values = [f for _, _, f in flags if isinstance(f, torch.Tensor)]
         resolved = iter(torch.stack(values).tolist() if values else [])
         report.comparisons += len(flags)
-        for label, differs in flags:
+        for op, name, differs in flags:
             if isinstance(differs, torch.Tensor):
                 differs = next(resolved)
             if differs:
-                report.mismatches.append(f"{report.name}, round {index}, {label}")
-                if len(report.mismatches) <= DESCRIBED:
-                    op, bs, name = where[label]
-                    report.mismatches[
-                        -1
-                    ] += (
-                        f" ({slice_.describe(self.on.runners[op], self.off.runners[op], bs, name)})"
-                    )
+                label = f"round {index}, {op} bs {bs} (raw {raw_bs}): {name}"
+                note_mismatch(report, label, self.on.runners[op], self.off.runners[op], bs, name)
         report.rounds += 1
         report.requests += len(lengths)
         report.long_requests += sum(n > sizes.long_from for n in lengths)
@@ -1263,6 +1255,16 @@ def capture_arms(on, off, batch_sizes, *, again: bool) -> tuple[int, list[str]]:
         for name in slice_.static_differences(on.runners[op], off.runners[op], bs)
     ]
     return compiled_on, differing
+
+
+def note_mismatch(report, label: str, on, off, bs: int, name: str) -> None:
+    """``name`` differs between the arms' reads of ``bs`` (``on``, ``off``: the runners): recorded
+    in ``report`` under ``label``, told word by word (:func:`~.dsa_serving.describe`) while the
+    run has fewer than :data:`DESCRIBED` mismatches."""
+    text = f"{report.name}, {label}"
+    if len(report.mismatches) < DESCRIBED:
+        text += f" ({slice_.describe(on, off, bs, name)})"
+    report.mismatches.append(text)
 
 
 def raw_batch_size(bs: int, rng: random.Random) -> int:
@@ -1569,11 +1571,9 @@ def run_plain(
                 for name, differs in slice_.differences(on.runners[op], off.runners[op], bs):
                     report.comparisons += 1
                     if bool(differs):
-                        report.mismatches.append(f"{report.name}, {label}: {name}")
-                        if len(report.mismatches) <= DESCRIBED:
-                            report.mismatches[
-                                -1
-                            ] += f" ({slice_.describe(on.runners[op], off.runners[op], bs, name)})"
+                        note_mismatch(
+                            report, f"{label}: {name}", on.runners[op], off.runners[op], bs, name
+                        )
                 report.rounds += 1
                 report.requests += raw_bs
                 report.long_requests += sum(n > sizes.long_from for n in lengths)

@@ -290,7 +290,9 @@ def test_the_comparison_names_a_planted_difference_in_each_buffer_and_refuses_un
     0, inside SGLang's first 128-column block) is named, page 2 (past the block: SGLang writes
     nothing there) is not; FlashMLA's schedule: word 0 of a row is named, its ``_pad`` word
     (FlashMLA never writes it) is not; the top-k plan is not compared where the installed plan op
-    writes none (SGLang's JIT plan at the row counts its cluster top-k does not take). A READ
+    writes none (SGLang's JIT plan at the row counts its cluster top-k does not take). Each planted
+    word is told by ``describe`` among the words compared: one word differs, where, and both
+    values (none, for a word set aside). A READ
     tensor set to None, or a tensor READ does not list, stops the comparison with an error naming
     it."""
     name = "3/1/4"
@@ -351,6 +353,13 @@ def test_the_comparison_names_a_planted_difference_in_each_buffer_and_refuses_un
                     out[cell] += 1
                     expected = set() if cell in unwritten else written
                     assert named() == expected, (op, buffer, cell)
+                    told = dsa_serving.describe(on.runners[op], off.runners[op], bs, buffer)
+                    assert told == (
+                        f"{buffer}: equal"
+                        if cell in unwritten
+                        else f"{buffer}: 1 of {out.numel()} words differ, first at {cell}: "
+                        f"ours {int(kept) + 1}, SGLang's {int(kept)}"
+                    ), told
                     out[cell] = kept
             served.setattr(topk_v2, "plan_topk_v2", lambda lens, threshold=-1, *, out=None: out)
             for buffer, out in reads.items():

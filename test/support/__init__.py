@@ -17,6 +17,8 @@ benchmark script puts it there itself, and ``test/gpu_env.sh`` for the GPU runne
   constructors, captured and replayed as its graph runners do, the plugin on and off side by side;
 - ``serving_loop``: EAGLE rounds replayed through them, every metadata buffer compared, failures
   injected, Triton's compiles counted;
+- ``dsa_layer``: one DSA attention layer (SGLang's indexer top-k and sparse MLA decode over a real
+  KV pool) in those graphs, its outputs compared between the arms;
 - ``indexer_cases``: the DSA indexer's chunked paged-MQA logits, SGLang's and the live-width copy;
 - ``real_ops``: SGLang's native DSA ops for real on a CUDA machine without its native packages
   (FlashMLA and DeepGEMM from their wheels, SGLang's JIT kernels built there), or why not;

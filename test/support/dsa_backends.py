@@ -97,12 +97,14 @@ def model_runner(
     hisparse_coordinator=None,
     req_to_token: torch.Tensor | None = None,
     fp8_kv_cache: bool = True,
+    token_to_kv_pool=None,
 ):
     """What ``DeepseekSparseAttnBackend.__init__`` reads from a ``ModelRunner``.
 
     ``req_to_token`` is ``[req_pool_size, context_len + 4 + draft tokens]`` int32 (SGLang's pool adds 4
     columns, and the draft tokens a round may run past the context); pass one to share it between the
-    target and the draft runner, as SGLang's draft worker does.
+    target and the draft runner, as SGLang's draft worker does. ``token_to_kv_pool``: a real KV pool
+    (default: what the constructor reads of one, for an fp8 or bf16 cache as ``fp8_kv_cache`` says).
     """
     from sglang.srt.runtime_context import get_schedule, get_spec
 
@@ -125,7 +127,8 @@ def model_runner(
             qk_rope_head_dim=hf.qk_rope_head_dim,
             kv_lora_rank=hf.kv_lora_rank,
         ),
-        token_to_kv_pool=SimpleNamespace(
+        token_to_kv_pool=token_to_kv_pool
+        or SimpleNamespace(
             dsa_kv_cache_store_fp8=fp8_kv_cache,
             kv_cache_dim=656 if fp8_kv_cache else 576,
             dtype=kv_dtype,

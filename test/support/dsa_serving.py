@@ -432,11 +432,12 @@ class Runner:
         graphs: Graphs,
         tokens: int,
         reader: bool = True,
+        forward: Optional[Callable] = None,
     ):
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
         self.op, self.backend, self.graphs, self.reader = op, backend, graphs, reader
-        self.tokens = tokens
+        self.tokens, self.forward = tokens, forward
         self.mode = {
             "target verify": ForwardMode.TARGET_VERIFY,
             "draft extend": ForwardMode.DRAFT_EXTEND_V2,
@@ -448,6 +449,8 @@ class Runner:
         self.req_pool_indices = torch.zeros(sizes.max_bs, dtype=torch.int64, device=device)
         self.accepted = torch.ones(sizes.max_bs, dtype=torch.int32, device=device)
         self.reads: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.forward_reads: dict[int, dict[str, torch.Tensor]] = {}
+        self.after_prep: Optional[Callable[[int], None]] = None  # called with the bs, if set
         self.static: dict[int, dict[str, object]] = {}
         self._outputs: dict[str, torch.Tensor] = {}
         self.decode_runner = None
@@ -505,10 +508,17 @@ class Runner:
         else:
             self.reads[bs] = {}
 
+        written = self.forward_reads[bs] = {}
+
         def body():
             self.backend.init_forward_metadata_in_graph(batch)
             for src, out in self.reads[bs].values():
                 out.copy_(src)
+            if self.forward is not None:
+                for name, value in self.forward(self, batch).items():
+                    if name not in written:  # at the first warm-up, outside the capture
+                        written[name] = self._output(f"forward {name}", value)
+                    written[name].copy_(value)
 
         self.graphs.capture((self.op, bs), body)
 
@@ -564,6 +574,8 @@ class Runner:
             start = time.perf_counter()
             self.decode_runner._init_replay_attn_metadata(batch, **kwargs)
         host_us = (time.perf_counter() - start) * 1e6
+        if self.after_prep is not None:
+            self.after_prep(bs)
         self.graphs.replay((self.op, bs))
         return host_us
 
@@ -737,12 +749,15 @@ class Arm:
         seeded: bool,
         kernels: Optional[dict] = None,
         reader: bool = True,
+        pool=None,
+        forward: Optional[Callable] = None,
     ):
         import sglang.srt.layers.attention.dsa.dsa_metadata_manager as manager
         from sglang.srt.runtime_context import get_spec
 
         self.name, self.env, self.sizes, self.seeded = name, env, sizes, seeded
         self.tokens, self.kernels, self.reader = tokens, kernels or {}, reader
+        self.forward = forward
         self.speculative = bool(get_spec().speculative_num_draft_tokens)
         self.graphs = Graphs(sizes.device)
         self.memory = Memory(before=allocated(sizes.device))
@@ -752,6 +767,7 @@ class Arm:
             req_to_token=req_to_token,
             device=sizes.device,
             hf_config=kit.glm5_config(index_topk=sizes.index_topk),
+            token_to_kv_pool=pool,
         )
         with switches(env), swapped(manager, self.kernels):
             self.target = kit.target_backend(kit.model_runner(**common))
@@ -788,6 +804,7 @@ class Arm:
                 graphs=self.graphs,
                 tokens=self.tokens,
                 reader=self.reader,
+                forward=self.forward,
             )
             for op, backend in backends.items()
         }

@@ -1,6 +1,7 @@
 """Fixtures of the hook-site tests: SGLang's DSA backends on the CPU, with the plugin's hooks applied."""
 
 import pytest
+import torch
 
 
 @pytest.fixture
@@ -36,3 +37,20 @@ def unapplied(hooked):
         return f"SGLang did not apply the plugin's hooks on {target}"
 
     return leave_out
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(
+            "cpu",
+            marks=pytest.mark.skipif(
+                torch.cuda.is_available(), reason="on a CUDA machine the GPU form runs instead"
+            ),
+        ),
+        pytest.param("gpu", marks=pytest.mark.gpu),
+    ]
+)
+def device(request) -> str:
+    """A test's two forms: "cpu", its CPU twin (not on a CUDA machine, where the GPU form runs
+    instead), and "gpu"."""
+    return request.param

@@ -149,19 +149,6 @@ def test_the_serving_loop_on_the_cpu_is_bit_identical_and_absorbs_failures(serve
         assert server.captured == [*range(1, 9), 10], server.name
 
 
-# The CPU twin (not on a CUDA machine, where the GPU form runs instead) and the GPU form.
-DEVICES = [
-    pytest.param(
-        "cpu",
-        marks=pytest.mark.skipif(
-            torch.cuda.is_available(), reason="on a CUDA machine the GPU form runs instead"
-        ),
-    ),
-    pytest.param("gpu", marks=pytest.mark.gpu),
-]
-
-
-@pytest.mark.parametrize("device", DEVICES)
 def test_the_negative_control_every_replay_on_sglangs_kernels_counts_no_launch_of_ours(
     served, device
 ):
@@ -211,7 +198,6 @@ def plain_sizes(device: str) -> dsa_serving.Sizes:
     return dsa_serving.GPU_SIZES if device == "gpu" else dsa_serving.cpu_sizes(CPU_MAX_BS)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("glue", PREPS)
 def test_a_non_speculative_server_is_bit_identical_runs_ours_in_every_replay_and_compiles_nothing(
     served, device, glue
@@ -240,7 +226,6 @@ def test_a_non_speculative_server_is_bit_identical_runs_ours_in_every_replay_and
     assert calls.bound["decode"] == (rounds if device == "gpu" else 0)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_a_non_speculative_servers_negative_control_counts_no_launch_of_ours(served, device):
     """The same server with every captured bs of the on arm's decode Fallback sent to SGLang's
     kernel before the capture, glued: every replay still bit-identical, SGLang's kernel behind our

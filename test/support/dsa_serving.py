@@ -602,23 +602,73 @@ def differences(on: Runner, off: Runner, bs: int, *, skip=()) -> list[tuple[str,
     ``real_page_table``: each row's entries that SGLang's kernels write (page ``c`` while
     ``c * page_size`` is below the row's ``cache_seqlens_int32`` rounded up to
     :data:`SGLANG_BLOCK_N` token columns), since past them a replay leaves what an earlier replay
-    of any batch size wrote (SGLang's contract: readers stop at the row's length). Names whose
-    last word is in ``skip`` are left out."""
+    of any batch size wrote (SGLang's contract: readers stop at the row's length); and a plan of
+    SGLang's JIT ``plan_topk_v2``, compared as its kernel defines it (:func:`plan_differs`). Names
+    in ``skip``, or whose last word is, are left out."""
     ours, stock = on.read(bs), off.read(bs)
     out = []
     for name in sorted(set(ours) | set(stock)):
-        if name.rpartition(" ")[2] in skip:
+        if name in skip or name.rpartition(" ")[2] in skip:
             continue
         a, b = ours.get(name), stock.get(name)
         if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
             out.append((name, True))
             continue
         words = compared_words(off, bs, name)
-        if words is None:
+        if words is None and name.endswith("topk_v2_plan") and sglang_plan():
+            out.append((name + " (plan)", plan_differs(a, b)))
+        elif words is None:
             out.append((name, (a != b).any()))
         elif words is not False:
             out.append((name + " (written)", ((a != b) & words).any()))
     return out
+
+
+def sglang_plan() -> bool:
+    """Whether the installed ``plan_topk_v2`` is SGLang's own (not the harness's stand-in, which
+    writes every word of its plan as a function of the lengths)."""
+    import sglang.kernels.ops.attention.dsv4.topk as topk_v2
+
+    return not isinstance(getattr(topk_v2.plan_topk_v2, "__self__", None), kit.StandIns)
+
+
+def plan_differs(ours: torch.Tensor, stock: torch.Tensor) -> torch.Tensor:
+    """Whether two plans of SGLang's top-k v2 differ as its kernel defines one (``topk_v2.cuh``,
+    ``topk_plan_cluster``): row 0 the cluster threshold and the number N of items routed to the
+    cluster pool, rows 1 .. N those items, (row, length), in the order the kernel's atomics
+    appended them; the rows past N are not written. Compared: row 0, and each plan's N items as a
+    set (a 0-d bool tensor)."""
+    return (ours[0] != stock[0]).any() | (_plan_items(ours) != _plan_items(stock)).any()
+
+
+def _plan_items(plan: torch.Tensor) -> torch.Tensor:
+    """A plan's items by row: the length its rows 1 .. N give each row, -1 for a row not among
+    them (items naming a row out of range land past the end, and are dropped)."""
+    rows = plan.shape[0] - 1
+    index = torch.arange(plan.shape[0], device=plan.device)
+    item = (index >= 1) & (index <= plan[0, 1])
+    row = plan[:, 0].to(torch.int64)
+    row = torch.where(item & (row >= 0) & (row < rows), row, rows)
+    items = torch.full((rows + 1,), -1, dtype=plan.dtype, device=plan.device)
+    items.scatter_(0, row, torch.where(item, plan[:, 1], -1))
+    return items[:rows]
+
+
+def stale_step_plans(arm) -> tuple[str, ...]:
+    """The draft-decode reads that SGLang's own replay prep of ``arm`` leaves as they were: with
+    its JIT multi-step metadata copy (``fused_metadata_copy_multi_cuda``, which its
+    ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph`` takes past three
+    steps) the indexer plans (:data:`INDEXER_PLANS`) of step backends 0 to 2, which that copy does
+    not write and nothing after it refreshes (steps 3 and on are refreshed one by one). Where the
+    copy is the harness's stand-in, which raises, SGLang's fallback refreshes every step: none."""
+    import sglang.kernels.ops.attention.dsa.fused_metadata_copy as metadata_copy
+
+    loader = metadata_copy._jit_fused_metadata_copy_multi_module
+    if not arm.speculative or getattr(loader, "__module__", None) != metadata_copy.__name__:
+        return ()
+    if arm.multi.speculative_num_steps <= 3:
+        return ()
+    return tuple(f"step {i} {name}" for i in range(3) for name in INDEXER_PLANS)
 
 
 def compared_words(off: Runner, bs: int, name: str):
@@ -678,7 +728,7 @@ def unwritten(name: str, stock: torch.Tensor):
 def describe(on: Runner, off: Runner, bs: int, name: str) -> str:
     """Where one tensor the two arms' graphs of ``bs`` read differs, among the words
     :func:`differences` compares: how many words, the first one's index and both values."""
-    name = name.removesuffix(" (written)")
+    name = name.removesuffix(" (written)").removesuffix(" (plan)")
     a, b = on.read(bs).get(name), off.read(bs).get(name)
     if a is None or b is None or a.shape != b.shape:
         shapes = [None if t is None else tuple(t.shape) for t in (a, b)]

@@ -36,8 +36,11 @@ new graph reads.
 Before each replay both arms' buffers that the replay writes are poisoned
 (:meth:`~.dsa_serving.Runner.poison`), then after both arms replayed every tensor their graphs read
 is compared (:func:`~.dsa_serving.differences`): :data:`~.dsa_serving.READ`, whole, but the compact
-page table's pages that SGLang's kernels write (its 128-column blocks), and of the draft decode of seeded steps not the indexer plans
-(:data:`~.dsa_serving.INDEXER_PLANS`, which no seeded step reads). ``page_table_1`` is not read on
+page table's pages that SGLang's kernels write (its 128-column blocks), SGLang's JIT top-k plan as
+its kernel defines it (:func:`~.dsa_serving.plan_differs`), and of the draft decode of seeded steps
+not the indexer plans (:data:`~.dsa_serving.INDEXER_PLANS`, which no seeded step reads), nor those
+SGLang's own prep leaves as they were (:func:`~.dsa_serving.stale_step_plans`: steps 0 to 2 under
+its JIT multi-step copy). ``page_table_1`` is not read on
 this path and the plugin drops it. The host fields (:data:`~.dsa_serving.STATIC`) are compared after
 each capture. Every ``indexer_every`` rounds, SGLang's indexer (:class:`IndexerCalls`) computes a
 top-k past the SM count with the live-width switch on and off: the top-k indices must be equal.
@@ -1116,7 +1119,9 @@ class _Server:
             report.batch_sizes[op][bs] = report.batch_sizes[op].get(bs, 0) + 1
             report.padded[op] += raw_bs < bs
             self.engagement(f"round {index}, {op} bs {bs}", op, bs, ran, ran_off, fell_back)
-            skip = slice_.INDEXER_PLANS if op == "draft decode" and self.seeded else ()
+            skip = ()
+            if op == "draft decode":
+                skip = slice_.INDEXER_PLANS if self.seeded else slice_.stale_step_plans(self.off)
             for name, differs in slice_.differences(
                 self.on.runners[op], self.off.runners[op], bs, skip=skip
             ):

@@ -85,6 +85,13 @@ def install_native_stubs(packages: tuple[str, ...] = NATIVE_STUBS) -> tuple[str,
     return missing
 
 
+def stubbed(package: str) -> bool:
+    """Whether ``package`` is one of the stand-ins :func:`install_native_stubs` installed."""
+    return any(
+        isinstance(finder, _StubFinder) and package in finder.packages for finder in sys.meta_path
+    )
+
+
 def pytest_configure(config):
     """As a pytest plugin: the stubs are in place before collection imports a test module."""
     install_native_stubs()

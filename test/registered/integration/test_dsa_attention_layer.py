@@ -4,7 +4,7 @@ replay equal bit for bit, beside the metadata the graphs read; the plugin-on arm
 replay-metadata kernels in every op, the plugin-off arm none.
 
 On a GPU: GLM-5's attention (64 heads, 512 + 64 latent dims, 32 index heads of 128, index top-k
-2048, page 64) at a 128k-token context, max bs 16, SGLang's real top-k, FlashMLA metadata and
+2048, page 64) at a 64k-token context, max bs 16, SGLang's real top-k, FlashMLA metadata and
 sparse decode, its JIT metadata copies, in real CUDA graphs, EAGLE 4/1/5 (target verify, three
 draft decode steps) and a server without speculative decoding. On the CPU, its twin at the
 serving slice's CPU sizes (a 128-token context, index top-k 48), the graphs simulated, SGLang's
@@ -28,9 +28,9 @@ from support import dsa_layer, dsa_serving, real_ops
 from support import dsa_backends as kit
 
 GPU_SIZES = dataclasses.replace(
-    dsa_serving.GPU_SIZES, context=128 * 1024, max_bs=16, pool=2 * 16 + 1
+    dsa_serving.GPU_SIZES, context=64 * 1024, max_bs=16, pool=2 * 16 + 1
 )
-ROUNDS = {"gpu": 24, "cpu": 6}
+ROUNDS = {"gpu": 16, "cpu": 6}
 # Each op's runner and the plugin's kernel it must launch on the plugin-on arm.
 SERVERS = [pytest.param("4/1/5", id="EAGLE-4-1-5"), pytest.param(None, id="no-spec")]
 

@@ -358,3 +358,37 @@ def test_the_comparison_names_a_planted_difference_in_each_buffer_and_refuses_un
             broken = SimpleNamespace(**{**vars(metadata), field: value})
             with pytest.raises(dsa_serving.UncomparedMetadata, match=field):
                 dsa_serving.metadata_reads(broken)
+
+
+@pytest.mark.quick
+def test_a_plan_of_sglangs_top_k_is_compared_as_its_kernel_defines_it():
+    """SGLang's ``plan_topk_v2`` writes row 0 (threshold, N) and N (row, length) items in the order
+    its atomics append them, and nothing past them: two plans with the same items in another order
+    and other words past them are equal; another threshold, count, item row or item length is a
+    difference."""
+    stock = torch.tensor([[65536, 3], [4, 70000], [2, 90000], [1, 66000], [7, 7], [-5, 3]])
+    ours = torch.tensor([[65536, 3], [1, 66000], [4, 70000], [2, 90000], [0, 0], [2, 2]])
+    stock, ours = stock.int(), ours.int()
+    assert not dsa_serving.plan_differs(ours, stock)
+    for cell, value in (((0, 0), 98304), ((0, 1), 2), ((2, 0), 3), ((3, 1), 90001)):
+        changed = ours.clone()
+        changed[cell] = value
+        assert dsa_serving.plan_differs(changed, stock), cell
+
+
+def test_sglangs_multi_step_copy_leaves_the_first_three_steps_indexer_plans(hooked):
+    """Past three draft steps SGLang's draft decode takes its JIT multi-step metadata copy, which
+    leaves the indexer plans of step backends 0 to 2 as they were: those reads are set aside, and
+    only where that copy is SGLang's (the stand-in raises, and SGLang's fallback refreshes every
+    step)."""
+    arm = SimpleNamespace(speculative=True, multi=SimpleNamespace(speculative_num_steps=4))
+    stale = dsa_serving.stale_step_plans(arm)
+    assert stale == tuple(
+        f"step {i} {name}" for i in range(3) for name in dsa_serving.INDEXER_PLANS
+    )
+    arm.multi.speculative_num_steps = 3
+    assert dsa_serving.stale_step_plans(arm) == ()
+    assert dsa_serving.stale_step_plans(SimpleNamespace(speculative=False)) == ()
+    kit.cuda_stand_ins(hooked)
+    arm.multi.speculative_num_steps = 4
+    assert dsa_serving.stale_step_plans(arm) == ()

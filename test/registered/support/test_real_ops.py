@@ -50,7 +50,7 @@ def test_sgl_kernel_without_its_package_is_unavailable_naming_the_packing_script
     monkeypatch.setattr(real_ops, "SGL_KERNEL_PACKED", tmp_path / "absent.tar.xz")
     monkeypatch.setattr(real_ops, "REPO", tmp_path)
     with pytest.raises(real_ops.Unavailable, match="pack_real_ops.sh"):
-        real_ops.import_sgl_kernel()
+        real_ops.sgl_kernel_rmsnorm()
 
 
 def _packed(tmp_path, init: str):
@@ -85,4 +85,19 @@ def test_sgl_kernel_that_does_not_load_is_unavailable_with_the_loaders_reason(
     monkeypatch.setattr(real_ops, "SGL_KERNEL_PACKED", _packed(tmp_path, init))
     monkeypatch.setattr(real_ops.tempfile, "gettempdir", lambda: str(tmp_path))
     with pytest.raises(real_ops.Unavailable, match=named):
-        real_ops.import_sgl_kernel()
+        real_ops.sgl_kernel_rmsnorm()
+
+
+def test_the_harness_stub_of_sgl_kernel_is_not_taken_for_the_installed_package(
+    monkeypatch, tmp_path
+):
+    """In a process whose ``sgl_kernel`` is the harness's stand-in (``sglang_stubs``) the probe
+    looks for the packed one, as where none is installed."""
+    from support import sglang_stubs
+
+    monkeypatch.setattr(real_ops.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(sglang_stubs, "stubbed", lambda package: package == "sgl_kernel")
+    monkeypatch.setattr(real_ops, "SGL_KERNEL_PACKED", tmp_path / "absent.tar.xz")
+    monkeypatch.setattr(real_ops, "REPO", tmp_path)
+    with pytest.raises(real_ops.Unavailable, match="pack_real_ops.sh"):
+        real_ops.sgl_kernel_rmsnorm()

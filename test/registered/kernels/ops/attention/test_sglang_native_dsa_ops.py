@@ -358,12 +358,8 @@ def test_sglangs_jit_metadata_copy_writes_what_its_torch_copies_write(jit, mode,
 
 def test_sgl_kernel_loads_and_its_rmsnorm_normalises():
     """What a real server of a DSA model needs besides the attention ops: ``sgl_kernel`` loads (in
-    a process of its own first) and its RMSNorm of a bf16 batch is float32 RMSNorm within bf16
-    rounding; else skipped with the loader's reason."""
-    sgl_kernel, where = _skip_unless(real_ops.import_sgl_kernel)
-    print(f"sgl_kernel from {where}")
-    x = torch.randn(8, 7168, dtype=torch.bfloat16, device="cuda")
-    weight = torch.randn(7168, dtype=torch.bfloat16, device="cuda")
-    got = sgl_kernel.rmsnorm(x, weight, 1e-6).float()
-    ref = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()
-    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+    a process of its own) and its RMSNorm of a bf16 batch is float32 RMSNorm within bf16 rounding
+    (``|got - ref| <= 0.02 + 0.02 |ref|``); else skipped with the loader's reason."""
+    error, where = _skip_unless(real_ops.sgl_kernel_rmsnorm)
+    print(f"sgl_kernel from {where}: largest |got - ref| - 0.02 |ref| = {error:.3g}")
+    assert error <= 2e-2

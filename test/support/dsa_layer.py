@@ -50,9 +50,10 @@ from support.constants import SMS
 
 LAYER_ID = 0
 INDEX_HEAD_DIM = 128
-# SGLang's switch for its torch paged-MQA logits (DeepGEMM's stand in), and for its fused top-k.
+# SGLang's switch for its torch paged-MQA logits (DeepGEMM's stand-in here).
 TORCH_LOGITS_ENV = "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"
-FUSE_TOPK_ENV = "SGLANG_DSA_FUSE_TOPK"
+# SGLang's FlashMLA interface module (it loads FlashMLA's CUDA library at import).
+FLASH_MLA_INTERFACE = "sglang.kernels.ops.attention.flash_mla_interface"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,15 +290,11 @@ def cpu_stand_ins(monkeypatch) -> None:
     monkeypatch.setattr(
         dsa_backend, "concat_mla_absorb_q_general", lambda a, b: torch.cat([a, b], dim=-1)
     )
-    # SGLang's interface module loads FlashMLA's CUDA library at import: the backend's
-    # function-level import finds this one instead.
+    # The backend imports the interface inside its function: it finds this one.
     interface = types.ModuleType(FLASH_MLA_INTERFACE)
     interface.flash_mla_with_kvcache = sparse_decode_stand_in
     monkeypatch.setitem(sys.modules, FLASH_MLA_INTERFACE, interface)
     monkeypatch.setattr(topk_v2, "topk_transform_paged_v2", paged_topk_stand_in)
-
-
-FLASH_MLA_INTERFACE = "sglang.kernels.ops.attention.flash_mla_interface"
 
 
 def paged_topk_stand_in(scores, seq_lens, page_tables, out_page_indices, page_size, metadata):

@@ -421,7 +421,11 @@ class Runner:
     ``DecodeCudaGraphRunner``, :func:`decode_runner`), the draft-extend runner (``DRAFT_EXTEND_V2``: the
     whole static buffers, the accept lengths in ``spec_info``), the draft-decode runner (``DECODE``
     on the multi-step backend: the caller's tensors when the batch fills the captured size, else the
-    static buffers). A padded row has seq_len :data:`FILL` and slot 0, as the runners pad."""
+    static buffers). A padded row has seq_len :data:`FILL` and slot 0, as the runners pad.
+
+    ``forward(runner, batch)``, when given, runs in the graph after the metadata prep (a model's
+    layer: ``dsa_layer``) and returns named tensors, kept in :attr:`forward_reads` per bs;
+    :attr:`after_prep`, when set, is called with the bs between a replay's prep and its graph."""
 
     def __init__(
         self,

@@ -35,6 +35,7 @@ import contextlib
 import dataclasses
 import os
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 
@@ -138,6 +139,58 @@ def model_runner(
         hisparse_coordinator=hisparse_coordinator,
         draft_attention_backend="dsa",
     )
+
+
+# SGLang's switch for its torch paged-MQA logits (DeepGEMM's stand-in in this harness).
+TORCH_LOGITS_ENV = "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"
+
+
+@contextlib.contextmanager
+def torch_logits():
+    """SGLang's torch paged-MQA logits for the block: ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1`` (with
+    it SGLang resolves the SM count from the device, not DeepGEMM), its resolvers re-read before
+    and after."""
+    import sglang.srt.layers.attention.dsa.utils as dsa_utils
+
+    resolvers = (dsa_utils.resolve_fp8_paged_mqa_logits_fn, dsa_utils.resolve_num_sms)
+    with mock.patch.dict(os.environ, {TORCH_LOGITS_ENV: "1"}):
+        for resolver in resolvers:
+            resolver.cache_clear()
+        try:
+            yield
+        finally:
+            for resolver in resolvers:
+                resolver.cache_clear()
+
+
+def sglang_indexer(config, device):
+    """SGLang's ``Indexer`` of layer 0, built by its constructor from the transformers DSA
+    ``config`` on ``device``, in the runtime context of a server without speculative decoding,
+    under SGLang's torch logits (:func:`torch_logits`); its rotary embedding, which
+    ``_get_topk_paged`` does not use (SGLang's needs vllm off a GPU), an identity."""
+    from sglang.srt.layers.attention.dsa import dsa_indexer
+
+    def identity(*args, **kwargs):
+        return torch.nn.Identity()
+
+    rope = mock.patch.object(dsa_indexer, "get_rope_wrapper", identity)
+    with serving(None), torch_logits(), rope, torch.device(device):
+        return dsa_indexer.Indexer(
+            hidden_size=config.hidden_size,
+            index_n_heads=config.index_n_heads,
+            index_head_dim=config.index_head_dim,
+            rope_head_dim=config.qk_rope_head_dim,
+            index_topk=config.index_topk,
+            q_lora_rank=config.q_lora_rank,
+            max_position_embeddings=config.max_position_embeddings,
+            rope_theta=config.rope_parameters["rope_theta"],
+            layer_id=0,
+            scale_fmt="ue8m0",
+            block_size=128,
+            is_neox_style=True,
+            prefix="model.layers.0.self_attn.indexer",
+            config=config,
+        )
 
 
 def target_backend(runner):

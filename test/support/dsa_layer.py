@@ -19,7 +19,7 @@ What is not SGLang's on a GPU, and why:
   queries and head weights): seeded random, as the model's projections would hand them;
   the new tokens' keys are not stored (``k=None``: the pool holds every token already);
 - DeepGEMM's paged-MQA logits: SGLang's torch logits (``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1``,
-  SGLang's own switch), since SGLang 0.5.23's DeepGEMM does not load on torch 2.11
+  SGLang's own switch, ``dsa_backends.torch_logits``), since SGLang 0.5.23's DeepGEMM does not load on torch 2.11
   (``real_ops.import_deep_gemm`` names why); the torch logits ignore DeepGEMM's schedule;
 - the rotary embedding the indexer's constructor builds (which ``_get_topk_paged`` does not use):
   an identity.
@@ -35,7 +35,6 @@ and FlashMLA's sparse decode, as deterministic torch functions of every input th
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import sys
@@ -48,10 +47,7 @@ from support import dsa_backends as kit
 from support import dsa_serving
 from support.constants import SMS
 
-LAYER_ID = 0
-INDEX_HEAD_DIM = 128
-# SGLang's switch for its torch paged-MQA logits (DeepGEMM's stand-in here).
-TORCH_LOGITS_ENV = "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"
+LAYER_ID = 0  # the layer of kit.sglang_indexer
 # SGLang's FlashMLA interface module (it loads FlashMLA's CUDA library at import).
 FLASH_MLA_INTERFACE = "sglang.kernels.ops.attention.flash_mla_interface"
 
@@ -83,7 +79,6 @@ class Layer:
         generator: torch.Generator,
         page_size: int = 64,
     ):
-        from sglang.srt.layers.attention.dsa import dsa_indexer
         from sglang.srt.layers.radix_attention import RadixAttention
         from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
 
@@ -101,7 +96,7 @@ class Layer:
                 qk_rope_head_dim=hf_config.qk_rope_head_dim,
                 layer_num=1,
                 device=str(device),
-                index_head_dim=INDEX_HEAD_DIM,
+                index_head_dim=hf_config.index_head_dim,
                 enable_memory_saver=False,
                 kv_cache_dim=656,  # FlashMLA's fp8 layout: 512 fp8, 4 float32 scales, 64 bf16
             )
@@ -114,25 +109,7 @@ class Layer:
                 layer_id=LAYER_ID,
                 v_head_dim=hf_config.kv_lora_rank,
             )
-            # The rotary embedding (``_get_topk_paged`` does not use it) as an identity.
-            identity = {"get_rope_wrapper": lambda *args, **kwargs: torch.nn.Identity()}
-            with torch_logits(), torch.device(device), dsa_serving.swapped(dsa_indexer, identity):
-                self.indexer = dsa_indexer.Indexer(
-                    hidden_size=hf_config.hidden_size,
-                    index_n_heads=hf_config.index_n_heads,
-                    index_head_dim=INDEX_HEAD_DIM,
-                    rope_head_dim=hf_config.qk_rope_head_dim,
-                    index_topk=hf_config.index_topk,
-                    q_lora_rank=hf_config.q_lora_rank,
-                    max_position_embeddings=hf_config.max_position_embeddings,
-                    rope_theta=hf_config.rope_parameters["rope_theta"],
-                    layer_id=LAYER_ID,
-                    scale_fmt="ue8m0",
-                    block_size=128,
-                    is_neox_style=True,
-                    prefix="model.layers.0.self_attn.indexer",
-                    config=hf_config,
-                )
+        self.indexer = kit.sglang_indexer(hf_config, device)
         if device.type != "cuda":
             self.indexer.sm_count = SMS  # SGLang sets it on CUDA only (the stand-ins' count)
         cpu = torch.Generator().manual_seed(generator.initial_seed())
@@ -165,9 +142,10 @@ class Layer:
                 rope.to(torch.bfloat16),
             )
         index_k = self.pool.get_index_k_with_scale_buffer(layer_id=LAYER_ID)
-        page_bytes = index_k.shape[1] // (INDEX_HEAD_DIM + 4)
+        head_dim = self.config.index_head_dim
+        page_bytes = index_k.shape[1] // (head_dim + 4)
         values = torch.randn(
-            index_k.shape[0], page_bytes * INDEX_HEAD_DIM, generator=random, device=self.device
+            index_k.shape[0], page_bytes * head_dim, generator=random, device=self.device
         )
         scales = (
             torch.rand(index_k.shape[0], page_bytes, generator=random, device=self.device) + 0.5
@@ -188,7 +166,7 @@ class Layer:
         return Inputs(
             q_nope=randn(rows, heads, config.kv_lora_rank),
             q_rope=randn(rows, heads, config.qk_rope_head_dim),
-            index_q=randn(rows, index_heads, INDEX_HEAD_DIM, dtype=torch.float8_e4m3fn),
+            index_q=randn(rows, index_heads, config.index_head_dim, dtype=torch.float8_e4m3fn),
             index_weights=randn(rows, index_heads, 1, dtype=torch.float32),
         )
 
@@ -199,7 +177,7 @@ class Layer:
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
         inputs = self.inputs
-        with torch_logits(), forward_context(ForwardContext(attn_backend=backend)):
+        with kit.torch_logits(), forward_context(ForwardContext(attn_backend=backend)):
             metadata = backend.get_indexer_metadata(LAYER_ID, batch)
             topk = self.indexer._get_topk_paged(
                 batch,
@@ -222,22 +200,6 @@ class Layer:
                 topk_indices=topk,
             )
         return {"top-k": topk, "output": output}
-
-
-@contextlib.contextmanager
-def torch_logits():
-    """SGLang's torch paged-MQA logits for the block (its resolvers re-read before and after)."""
-    import sglang.srt.layers.attention.dsa.utils as dsa_utils
-
-    resolvers = (dsa_utils.resolve_fp8_paged_mqa_logits_fn, dsa_utils.resolve_num_sms)
-    with dsa_serving.switches({TORCH_LOGITS_ENV: "1"}):
-        for resolver in resolvers:
-            resolver.cache_clear()
-        try:
-            yield
-        finally:
-            for resolver in resolvers:
-                resolver.cache_clear()
 
 
 def runner_forward(layer: Layer):
@@ -426,8 +388,10 @@ def run(
         if corrupt is not None:
             for runner in on.runners.values():
                 runner.after_prep = functools.partial(corrupt, runner)
-        name = f"EAGLE {launch}, unseeded" if launch else "no speculative decoding"
-        report = Report(name=name, captured=list(captured))
+        report = Report(
+            name=f"EAGLE {launch}, unseeded" if launch else "no speculative decoding",
+            captured=list(captured),
+        )
         ops = [op for op in LAYER_OPS if op in on.runners]
         for index in range(rounds):
             bs = rng.choice(captured)
@@ -437,9 +401,8 @@ def run(
             lengths = [rng.choice([*EDGES, sizes.index_topk, rng.randint(1, top)]) for _ in slots]
             lengths = [min(n, top) for n in lengths]
             report.lengths += lengths
-            device = sizes.device
-            lengths_t = torch.tensor(lengths, dtype=torch.int64, device=device)
-            slots_t = torch.tensor(slots, dtype=torch.int64, device=device)
+            lengths_t = torch.tensor(lengths, dtype=torch.int64, device=sizes.device)
+            slots_t = torch.tensor(slots, dtype=torch.int64, device=sizes.device)
             flags = []
             for op in ops:
                 for arm, counted in ((on, report.ours), (off, report.ours_off)):
@@ -453,7 +416,7 @@ def run(
                     else:
                         report.finite &= bool(value.isfinite().all())
                 pairs = differences(on.runners[op], off.runners[op], bs)
-                skip = dsa_serving.stale_step_plans(off) if op == "draft decode" else ()
+                skip = dsa_serving.set_aside(off, op)
                 pairs += dsa_serving.differences(on.runners[op], off.runners[op], bs, skip=skip)
                 flags += [(op, name, differs) for name, differs in pairs]
             report.comparisons += len(flags)

@@ -675,6 +675,16 @@ def stale_step_plans(arm) -> tuple[str, ...]:
     return tuple(f"step {i} {name}" for i in range(3) for name in INDEXER_PLANS)
 
 
+def set_aside(off, op: str) -> tuple[str, ...]:
+    """The reads of ``op`` that :func:`differences` leaves out between two arms (``off``: the
+    stock :class:`Arm`): of a draft decode, the indexer plans (:data:`INDEXER_PLANS`) where its
+    steps are seeded (no seeded step reads them), else those SGLang's own prep leaves as they were
+    (:func:`stale_step_plans`); nothing of any other op."""
+    if op != "draft decode":
+        return ()
+    return INDEXER_PLANS if off.seeded else stale_step_plans(off)
+
+
 def compared_words(off: Runner, bs: int, name: str):
     """The words of the read tensor ``name`` that :func:`differences` compares (the stock arm
     ``off``'s read of ``bs`` decides): None for every word, False for none, else a bool mask:

@@ -672,32 +672,16 @@ class IndexerCalls:
         monkeypatch.setattr(
             dsa_indexer, "resolve_paged_mqa_logits_metadata_fn", lambda: schedule_stand_in
         )
-        monkeypatch.setattr(dsa_indexer, "get_rope_wrapper", lambda *a, **k: torch.nn.Identity())
         self._schedule = schedule_stand_in
         cuda = device.type == "cuda"
         pages_per_row, heads = (129, 64) if cuda else (34, 16)
         self.width = pages_per_row * 64
         config = DeepseekV32Config(index_topk=2048 if cuda else 64)
         self.pages = 2 * pages_per_row + 1
-        # SGLang's runtime context (its parallel widths), which both constructors read.
+        with self.torch_logits():  # as the indexer's calls run
+            self.indexer = kit.sglang_indexer(config, device)
+        # SGLang's runtime context (its parallel widths), which the pool's constructor reads.
         with kit.serving(None):
-            with self.torch_logits(), torch.device(device):
-                self.indexer = dsa_indexer.Indexer(
-                    hidden_size=config.hidden_size,
-                    index_n_heads=config.index_n_heads,
-                    index_head_dim=config.index_head_dim,
-                    rope_head_dim=config.qk_rope_head_dim,
-                    index_topk=config.index_topk,
-                    q_lora_rank=config.q_lora_rank,
-                    max_position_embeddings=config.max_position_embeddings,
-                    rope_theta=config.rope_parameters["rope_theta"],
-                    layer_id=0,
-                    scale_fmt="ue8m0",
-                    block_size=128,
-                    is_neox_style=True,
-                    prefix="model.layers.0.self_attn.indexer",
-                    config=config,
-                )
             self.pool = DSATokenToKVPool(
                 size=64 * self.pages,
                 page_size=64,
@@ -731,17 +715,10 @@ class IndexerCalls:
 
     @contextlib.contextmanager
     def torch_logits(self):
-        """SGLang's torch paged-MQA logits and its unfused torch top-k, for the block."""
-        import sglang.srt.layers.attention.dsa.utils as dsa_utils
-
-        with slice_.switches(
-            {"SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1", "SGLANG_DSA_FUSE_TOPK": "0"}
-        ):
-            dsa_utils.resolve_fp8_paged_mqa_logits_fn.cache_clear()
-            try:
-                yield
-            finally:
-                dsa_utils.resolve_fp8_paged_mqa_logits_fn.cache_clear()
+        """SGLang's torch paged-MQA logits (``dsa_backends.torch_logits``) and its unfused torch
+        top-k, for the block."""
+        with kit.torch_logits(), slice_.switches({"SGLANG_DSA_FUSE_TOPK": "0"}):
+            yield
 
     def metadata(self, prefixes: list[int]):
         """SGLang's ``DSAIndexerMetadata`` of a draft extend of ``prefixes`` (each request's rows see
@@ -1119,9 +1096,7 @@ class _Server:
             report.batch_sizes[op][bs] = report.batch_sizes[op].get(bs, 0) + 1
             report.padded[op] += raw_bs < bs
             self.engagement(f"round {index}, {op} bs {bs}", op, bs, ran, ran_off, fell_back)
-            skip = ()
-            if op == "draft decode":
-                skip = slice_.INDEXER_PLANS if self.seeded else slice_.stale_step_plans(self.off)
+            skip = slice_.set_aside(self.off, op)
             for name, differs in slice_.differences(
                 self.on.runners[op], self.off.runners[op], bs, skip=skip
             ):

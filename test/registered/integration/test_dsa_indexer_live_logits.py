@@ -42,6 +42,7 @@ from sglang_dsa_mtp import hooks
 from sglang_dsa_mtp.integration import dsa_indexer_live_logits as hook
 from sglang_dsa_mtp.kernels.ops.attention import dsa_paged_mqa_logits_live as live
 from sglang_dsa_mtp.switches import LIVE_WIDTH
+from support import dsa_backends as kit
 from support.compiles import count_compiles
 from support.indexer_cases import CallRecorder, call_differences, paged_mqa_schedule
 
@@ -77,28 +78,11 @@ def torch_paged_mqa(monkeypatch):
         resolver.cache_clear()
 
 
-def build_indexer(monkeypatch, *, sm_count=SM_COUNT, **config):
+def build_indexer(*, sm_count=SM_COUNT, **config):
     """SGLang's ``Indexer`` from DeepSeek-V3.2's config (``config`` overrides), on the default
     device; its SM count set to ``sm_count`` (None: SGLang's own, which it sets on CUDA only)."""
-    cfg = DeepseekV32Config(index_topk=TOPK, **config)
-    monkeypatch.setattr(
-        dsa_indexer, "get_rope_wrapper", lambda *args, **kwargs: torch.nn.Identity()
-    )
-    indexer = dsa_indexer.Indexer(
-        hidden_size=cfg.hidden_size,
-        index_n_heads=cfg.index_n_heads,
-        index_head_dim=cfg.index_head_dim,
-        rope_head_dim=cfg.qk_rope_head_dim,
-        index_topk=cfg.index_topk,
-        q_lora_rank=cfg.q_lora_rank,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rope_theta=cfg.rope_parameters["rope_theta"],
-        layer_id=0,
-        scale_fmt="ue8m0",
-        block_size=128,
-        is_neox_style=True,
-        prefix="model.layers.0.self_attn.indexer",
-        config=cfg,
+    indexer = kit.sglang_indexer(
+        DeepseekV32Config(index_topk=TOPK, **config), torch.get_default_device()
     )
     if sm_count is not None:
         indexer.sm_count = sm_count
@@ -315,7 +299,7 @@ def test_chunked_forward_modes_select_sglang_top_k_indices(
     prefixes = [max(0, end - next_n) for end in ROW_ENDS[:requests]]
     batch = Batch(mode, prefixes, next_n, heads=16, seed=chunks)
     assert -(-batch.rows // SM_COUNT) == chunks
-    stock, ours = stock_and_ours(hooked, build_indexer(hooked), batch)
+    stock, ours = stock_and_ours(hooked, build_indexer(), batch)
     assert live_calls == [SM_COUNT], "the live-column path ran once, in chunks of the SM count"
     assert torch.equal(ours, stock)
 
@@ -331,7 +315,7 @@ def test_each_logits_call_gets_the_arguments_sglang_closure_gives_it(
     prefixes = [max(0, end - next_n) for end in ROW_ENDS]
     batch = Batch(mode, prefixes, next_n, heads=16, seed=5)
     (stock, stock_calls), (ours, our_calls) = stock_and_ours_calls(
-        hooked, build_indexer(hooked), batch, logits_calls
+        hooked, build_indexer(), batch, logits_calls
     )
     assert [kind for kind, _ in stock_calls] == ["schedule", "logits"] * chunks_of(batch)
     assert call_differences(our_calls, stock_calls) == []
@@ -363,7 +347,7 @@ def test_masked_init_and_local_tokens_select_sglang_top_k_indices(
     hooked, torch_paged_mqa, live_calls
 ):
     """Rows shorter than the init/local windows: SGLang's masking writes past their live columns."""
-    indexer = build_indexer(hooked, index_init_tokens=3, index_local_tokens=2)
+    indexer = build_indexer(index_init_tokens=3, index_local_tokens=2)
     batch = Batch(ForwardMode.TARGET_VERIFY, [0, 1, 60, 2000, WIDTH - 4], 4, heads=16, seed=1)
     stock, ours = stock_and_ours(hooked, indexer, batch)
     assert live_calls and torch.equal(ours, stock)
@@ -371,13 +355,13 @@ def test_masked_init_and_local_tokens_select_sglang_top_k_indices(
 
 def test_padded_query_rows_get_sglang_padding(hooked, torch_paged_mqa, live_calls):
     batch = Batch(ForwardMode.TARGET_VERIFY, [100, 700], 4, heads=16, padded_rows=3, seed=2)
-    stock, ours = stock_and_ours(hooked, build_indexer(hooked), batch)
+    stock, ours = stock_and_ours(hooked, build_indexer(), batch)
     assert live_calls and ours.shape == (batch.rows + 3, TOPK) and torch.equal(ours, stock)
 
 
 def test_at_most_sm_count_rows_take_sglang_path_without_concat(hooked, torch_paged_mqa, live_calls):
     batch = Batch(ForwardMode.TARGET_VERIFY, [10], SM_COUNT, heads=16)
-    stock, ours = stock_and_ours(hooked, build_indexer(hooked), batch)
+    stock, ours = stock_and_ours(hooked, build_indexer(), batch)
     assert live_calls == [] and torch.equal(ours, stock)
 
 
@@ -421,7 +405,7 @@ def test_on_a_gpu_top_k_equals_stock_eagerly_and_in_cuda_graphs_replayed_with_ne
     each arm captured in a CUDA graph, and three replays with new lengths and pages give the top-k
     SGLang computes eagerly for them, with no Triton compile from the first call on."""
     with torch.device("cuda"):
-        indexer = build_indexer(hooked, sm_count=None)
+        indexer = build_indexer(sm_count=None)
     sms = indexer.sm_count
     assert sms == torch.cuda.get_device_properties(0).multi_processor_count
     assert live.is_warm(torch.device("cuda")), "the constructor's hook compiled the copy kernel"
@@ -498,7 +482,7 @@ def chunked_batch():
 @pytest.mark.parametrize("value", ["0", "off"], ids=["off", "unparsable"])
 def test_the_kill_switch_keeps_sglang_concat(hooked, torch_paged_mqa, live_calls, value):
     hooked.setenv(LIVE_WIDTH.env, value)
-    chunked_batch().topk(build_indexer(hooked))
+    chunked_batch().topk(build_indexer())
     assert live_calls == []
 
 
@@ -507,7 +491,7 @@ def test_a_live_width_hook_sglang_left_unapplied_keeps_sglang_concat(
 ):
     why = unapplied("Indexer.__init__")  # the start-up compile: else the copy compiles serving
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
-        chunked_batch().topk(build_indexer(hooked))
+        chunked_batch().topk(build_indexer())
     assert live_calls == []
     assert why in caplog.text
 
@@ -519,7 +503,7 @@ def test_a_gate_that_raises_keeps_sglang_concat_with_one_error(
         raise RuntimeError("injected failure")
 
     hooked.setattr(hook, "_why_not_live", raising)
-    batch, indexer = chunked_batch(), build_indexer(hooked)
+    batch, indexer = chunked_batch(), build_indexer()
     with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
         batch.topk(indexer)
         batch.topk(indexer)
@@ -534,7 +518,7 @@ def test_a_kernel_not_compiled_at_start_up_keeps_sglang_concat(
     hooked, torch_paged_mqa, live_calls, caplog
 ):
     hooked.setattr(live, "is_warm", lambda device: False)
-    batch, indexer = chunked_batch(), build_indexer(hooked)
+    batch, indexer = chunked_batch(), build_indexer()
     with caplog.at_level(logging.INFO, logger="sglang_dsa_mtp"):
         batch.topk(indexer)
         batch.topk(indexer)
@@ -555,7 +539,7 @@ def test_a_copy_that_raises_mid_call_falls_back_to_sglang_and_its_shape_stays_th
 ):
     """A launch failing after the first chunk (nothing a check finds ahead): SGLang's concat
     answers that call, logged once; the next call of that shape goes to SGLang directly."""
-    batch, indexer = chunked_batch(), build_indexer(hooked)
+    batch, indexer = chunked_batch(), build_indexer()
     hooked.setenv(LIVE_WIDTH.env, "0")
     stock = batch.topk(indexer)
     hooked.delenv(LIVE_WIDTH.env)
@@ -581,7 +565,7 @@ def test_a_chunk_the_kernel_does_not_take_is_copied_whole_without_recomputing(
 ):
     """DeepGEMM's chunks always fit the copy kernel's one variant; should one not, it is copied
     whole (as torch.cat copies it), every chunk is computed once, and the shape goes to SGLang."""
-    batch, indexer = chunked_batch(), build_indexer(hooked)
+    batch, indexer = chunked_batch(), build_indexer()
     hooked.setenv(LIVE_WIDTH.env, "0")
     stock = batch.topk(indexer)
     hooked.delenv(LIVE_WIDTH.env)
@@ -611,7 +595,7 @@ def test_every_argument_is_checked_before_the_first_chunk(
     hooked, torch_paged_mqa, live_calls, caplog
 ):
     """An argument that fails its check costs no logits computation of ours."""
-    batch, indexer = chunked_batch(), build_indexer(hooked)
+    batch, indexer = chunked_batch(), build_indexer()
     computed = []
     resolve = dsa_indexer.resolve_fp8_paged_mqa_logits_fn
 
@@ -653,7 +637,7 @@ def test_sglang_closure_yields_the_indexer_sm_count_and_block_size(hooked, torch
     seen = []
     real = hook.sglang_closure
     hooked.setattr(hook, "sglang_closure", lambda fn: seen.append(real(fn)) or seen[-1])
-    chunked_batch().topk(build_indexer(hooked))
+    chunked_batch().topk(build_indexer())
     [closure] = seen
     assert (closure.sm_count, closure.blocksize) == (SM_COUNT, 64)
     assert closure.resolve_schedule_fn() is paged_mqa_schedule
@@ -667,7 +651,7 @@ def test_building_an_indexer_compiles_the_kernel_on_a_cuda_device(hooked, torch_
     hooked.setattr(hook, "weights_device", lambda module: torch.device("cuda", 0))
     hooked.setattr(live, "is_warm", lambda device: False)
     hooked.setattr(live, "warm_up", warmed.append)
-    build_indexer(hooked)
+    build_indexer()
     assert warmed == [torch.device("cuda", 0)]
 
 
@@ -681,7 +665,7 @@ def test_a_failed_start_up_compile_is_logged_and_the_indexer_still_builds(
     hooked.setattr(live, "is_warm", lambda device: False)
     hooked.setattr(live, "warm_up", broken)
     with caplog.at_level(logging.ERROR, logger="sglang_dsa_mtp"):
-        indexer = build_indexer(hooked)
+        indexer = build_indexer()
     assert isinstance(indexer, dsa_indexer.Indexer)
     assert "no compiler" in caplog.text
 
@@ -693,19 +677,19 @@ def test_with_a_live_width_hook_sglang_left_unapplied_an_indexer_compiles_nothin
     hooked.setattr(hook, "weights_device", lambda module: torch.device("cuda", 0))
     hooked.setattr(live, "is_warm", lambda device: False)
     hooked.setattr(live, "warm_up", lambda device: pytest.fail("warm_up ran for no live copy"))
-    build_indexer(hooked)
+    build_indexer()
 
 
 def test_an_indexer_built_on_the_cpu_compiles_nothing(hooked, torch_paged_mqa):
     hooked.setattr(live, "warm_up", lambda device: pytest.fail("warm_up ran without CUDA"))
-    assert hook.weights_device(build_indexer(hooked)).type == "cpu"
+    assert hook.weights_device(build_indexer()).type == "cpu"
 
 
 def test_off_cuda_building_an_indexer_compiles_nothing(hooked, torch_paged_mqa, set_platform):
     set_platform(cuda=False, hip=True)
     hooked.setattr(hook, "weights_device", lambda module: torch.device("cuda", 0))
     hooked.setattr(live, "warm_up", lambda device: pytest.fail("warm_up ran off CUDA"))
-    build_indexer(hooked)
+    build_indexer()
 
 
 # --- the facts docs/indexer-cliff.md maps (SGLang 0.5.23's own code) --------------------------------

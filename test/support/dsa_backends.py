@@ -149,18 +149,39 @@ TORCH_LOGITS_ENV = "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"
 def torch_logits():
     """SGLang's torch paged-MQA logits for the block: ``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1`` (with
     it SGLang resolves the SM count from the device, not DeepGEMM), its resolvers re-read before
-    and after."""
+    and after; the function reading only the pages DeepGEMM's reads (:func:`live_pages`)."""
     import sglang.srt.layers.attention.dsa.utils as dsa_utils
+    from sglang.srt.layers.attention.dsv4 import indexer
 
     resolvers = (dsa_utils.resolve_fp8_paged_mqa_logits_fn, dsa_utils.resolve_num_sms)
+    logits = live_pages(indexer.fp8_paged_mqa_logits_torch)
     with mock.patch.dict(os.environ, {TORCH_LOGITS_ENV: "1"}):
         for resolver in resolvers:
             resolver.cache_clear()
         try:
-            yield
+            with mock.patch.object(indexer, "fp8_paged_mqa_logits_torch", logits):
+                yield
         finally:
             for resolver in resolvers:
                 resolver.cache_clear()
+
+
+def live_pages(logits_fn):
+    """SGLang's torch paged-MQA logits ``logits_fn`` reading a row's pages below its length only,
+    as DeepGEMM's kernel does: the page-table entries of the pages a row's length does not reach
+    read as page 0. SGLang's torch function gathers every entry of the table, masking the scores
+    past the length afterwards; a replay prep leaves those entries as an earlier replay, or the
+    capture, left them (its readers stop at the row's length), which can name no page of the pool.
+    The scores are SGLang's bit for bit wherever its own gather stays in the pool."""
+
+    def logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, *args, **kwargs):
+        pages = torch.arange(page_table.shape[1], device=page_table.device)
+        unread = pages[None, :] * kvcache_fp8.shape[1] >= seq_lens.reshape(-1, 1)
+        return logits_fn(
+            q_fp8, kvcache_fp8, weight, seq_lens, page_table.masked_fill(unread, 0), *args, **kwargs
+        )
+
+    return logits
 
 
 def sglang_indexer(config, device):

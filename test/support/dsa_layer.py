@@ -20,7 +20,10 @@ What is not SGLang's on a GPU, and why:
   the new tokens' keys are not stored (``k=None``: the pool holds every token already);
 - DeepGEMM's paged-MQA logits: SGLang's torch logits (``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1``,
   SGLang's own switch, ``dsa_backends.torch_logits``), since SGLang 0.5.23's DeepGEMM does not load on torch 2.11
-  (``real_ops.import_deep_gemm`` names why); the torch logits ignore DeepGEMM's schedule;
+  (``real_ops.import_deep_gemm`` names why); the torch logits ignore DeepGEMM's schedule, and
+  read a row's pages below its length only, as DeepGEMM does (``dsa_backends.live_pages``: SGLang's
+  torch function gathers every entry of the table, where a replay prep leaves past the length what
+  an earlier replay left, which on a GPU named no page of the pool: a device-side assertion);
 - the rotary embedding the indexer's constructor builds (which ``_get_topk_paged`` does not use):
   an identity.
 

@@ -11,7 +11,8 @@ indices, on one ``RadixAttention`` layer. Both run in SGLang's forward context, 
 the index keys random fp8 with scales) that both arms share, as they share ``req_to_token``: each
 request slot's row maps its token columns onto pages of its own, in a random order. The graphs
 write the layer's top-k indices and attention output into outputs that outlive them; after a
-replay of each arm, :func:`differences` compares them whole.
+replay of each arm, :func:`differences` compares them whole, but those of the draft steps whose
+indexer plans SGLang's own prep leaves as they were (``dsa_serving.stale_steps``).
 
 What is not SGLang's on a GPU, and why:
 
@@ -224,12 +225,17 @@ def runner_forward(layer: Layer):
     return forward
 
 
-def differences(on, off, bs: int) -> list[tuple[str, object]]:
+def differences(on, off, bs: int, *, stale: range = range(0)) -> list[tuple[str, object]]:
     """(name, differs) for every output of the layer the two arms' graphs of ``bs`` wrote,
-    compared bit for bit (``differs`` a 0-d bool tensor, or True where the shapes differ)."""
+    compared bit for bit (``differs`` a 0-d bool tensor, or True where the shapes differ), but the
+    outputs of the draft steps in ``stale``, whose indexer plans the stock arm's prep leaves as
+    they were (``dsa_serving.stale_steps``): their top-k reads those plans."""
     ours, stock = on.forward_reads[bs], off.forward_reads[bs]
+    left_out = tuple(f"step {i} " for i in stale)
     out = []
     for name in sorted(set(ours) | set(stock)):
+        if name.startswith(left_out):
+            continue
         a, b = ours.get(name), stock.get(name)
         if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
             out.append((name, True))
@@ -418,7 +424,9 @@ def run(
                         report.selected += int((value >= 0).sum())
                     else:
                         report.finite &= bool(value.isfinite().all())
-                pairs = differences(on.runners[op], off.runners[op], bs)
+                pairs = differences(
+                    on.runners[op], off.runners[op], bs, stale=dsa_serving.stale_steps(off)
+                )
                 skip = dsa_serving.set_aside(off, op)
                 pairs += dsa_serving.differences(on.runners[op], off.runners[op], bs, skip=skip)
                 flags += [(op, name, differs) for name, differs in pairs]

@@ -658,21 +658,28 @@ def _plan_items(plan: torch.Tensor) -> torch.Tensor:
     return items[:rows]
 
 
-def stale_step_plans(arm) -> tuple[str, ...]:
-    """The draft-decode reads that SGLang's own replay prep of ``arm`` leaves as they were: with
-    its JIT multi-step metadata copy (``fused_metadata_copy_multi_cuda``, which its
+def stale_steps(arm) -> range:
+    """The draft steps whose indexer plans (:data:`INDEXER_PLANS`) SGLang's own replay prep of
+    ``arm`` leaves as they were: with its JIT multi-step metadata copy
+    (``fused_metadata_copy_multi_cuda``, which its
     ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph`` takes past three
-    steps) the indexer plans (:data:`INDEXER_PLANS`) of step backends 0 to 2, which that copy does
-    not write and nothing after it refreshes (steps 3 and on are refreshed one by one). Where the
-    copy is the harness's stand-in, which raises, SGLang's fallback refreshes every step: none."""
+    steps) step backends 0 to 2, whose plans that copy does not write and nothing after it
+    refreshes (steps 3 and on are refreshed one by one). Where the copy is the harness's
+    stand-in, which raises, SGLang's fallback refreshes every step: none."""
     import sglang.kernels.ops.attention.dsa.fused_metadata_copy as metadata_copy
 
     loader = metadata_copy._jit_fused_metadata_copy_multi_module
     if not arm.speculative or getattr(loader, "__module__", None) != metadata_copy.__name__:
-        return ()
+        return range(0)
     if arm.multi.speculative_num_steps <= 3:
-        return ()
-    return tuple(f"step {i} {name}" for i in range(3) for name in INDEXER_PLANS)
+        return range(0)
+    return range(3)
+
+
+def stale_step_plans(arm) -> tuple[str, ...]:
+    """The draft-decode reads that SGLang's own replay prep of ``arm`` leaves as they were: the
+    indexer plans of :func:`stale_steps`."""
+    return tuple(f"step {i} {name}" for i in stale_steps(arm) for name in INDEXER_PLANS)
 
 
 def set_aside(off, op: str) -> tuple[str, ...]:

@@ -89,3 +89,19 @@ def test_a_planted_difference_in_the_metadata_reaches_the_layers_output(layer_ru
     assert report.mismatches, "the planted difference went unseen"
     assert all("output" in line or "dsa_cache_seqlens" in line for line in report.mismatches)
     assert any(line.endswith("output") for line in report.mismatches), report.mismatches
+
+
+@pytest.mark.quick
+def test_the_outputs_of_the_steps_sglang_leaves_stale_plans_to_are_set_aside_alone():
+    """A draft step whose indexer plans the stock arm's prep leaves as they were
+    (``dsa_serving.stale_steps``: steps 0 to 2 under SGLang's JIT multi-step copy) has its top-k
+    and output left out of the comparison; every other step's are compared."""
+    from types import SimpleNamespace
+
+    names = [f"step {i} {what}" for i in range(4) for what in ("top-k", "output")]
+    on = SimpleNamespace(forward_reads={2: {name: torch.zeros(3) for name in names}})
+    off = SimpleNamespace(forward_reads={2: {name: torch.ones(3) for name in names}})
+    compared = dsa_layer.differences(on, off, 2, stale=range(3))
+    assert [name for name, differs in compared if differs] == ["step 3 output", "step 3 top-k"]
+    assert all(differs for _, differs in dsa_layer.differences(on, off, 2))
+    assert len(dsa_layer.differences(on, off, 2)) == len(names)

@@ -30,7 +30,13 @@ What is not SGLang's on a GPU, and why:
 
 The rest is SGLang's: the top-k (its JIT ``topk_transform_paged_v2`` with its plan, the fused
 default), FlashMLA's metadata and sparse decode (``flash_mla_with_kvcache`` on the fp8 cache), the
-metadata copies, and the replay-metadata kernels on the arm with the plugin off.
+metadata copies, and the replay-metadata kernels on the arm with the plugin off. One thing is added:
+each row's top-k is sorted before the attention, so that the layer's output is a function of the
+set of tokens each row selects. On a GPU the two arms' top-k and output differed in 7 of 16
+plain-decode rounds and 10 of 16 target-verify rounds with every metadata word equal: SGLang's
+JIT top-k (its cluster path hands out slots by atomics) most likely returns a row's set in an
+order that is not fixed, and FlashMLA's rounding follows the order; a difference of the sets
+still fails the comparison.
 
 Off a GPU, besides (:func:`cpu_stand_ins`): SGLang's JIT top-k and ``concat_mla_absorb_q_general``
 and FlashMLA's sparse decode, as deterministic torch functions of every input they read.
@@ -190,6 +196,10 @@ class Layer:
                 inputs.index_weights[:rows],
                 metadata,
             )
+            # Each row's indices in one order (descending: the -1s last, as SGLang pads them):
+            # SGLang's JIT top-k need not hand a row's set in a fixed order, and the attention's
+            # rounding follows the order.
+            topk = topk.sort(dim=-1, descending=True).values
             attend = (
                 backend.forward_decode if batch.forward_mode.is_decode() else backend.forward_extend
             )

@@ -34,9 +34,9 @@ metadata copies, and the replay-metadata kernels on the arm with the plugin off.
 each row's top-k is sorted before the attention, so that the layer's output is a function of the
 set of tokens each row selects. On a GPU the two arms' top-k and output differed in 7 of 16
 plain-decode rounds and 10 of 16 target-verify rounds with every metadata word equal: SGLang's
-JIT top-k (its cluster path hands out slots by atomics) most likely returns a row's set in an
-order that is not fixed, and FlashMLA's rounding follows the order; a difference of the sets
-still fails the comparison.
+JIT top-k reserves each selected index's output slot with an ``atomicAdd`` (``topk_v2.cuh``), so
+a row's set most likely came out in orders that differ, and FlashMLA's rounding follows the order;
+a difference of the sets still fails the comparison.
 
 Off a GPU, besides (:func:`cpu_stand_ins`): SGLang's JIT top-k and ``concat_mla_absorb_q_general``
 and FlashMLA's sparse decode, as deterministic torch functions of every input they read.

@@ -105,3 +105,34 @@ def test_the_outputs_of_the_steps_sglang_leaves_stale_plans_to_are_set_aside_alo
     assert [name for name, differs in compared if differs] == ["step 3 output", "step 3 top-k"]
     assert all(differs for _, differs in dsa_layer.differences(on, off, 2))
     assert len(dsa_layer.differences(on, off, 2)) == len(names)
+
+
+@pytest.mark.parametrize("change", ["order", "set"])
+def test_the_comparison_sees_the_tokens_each_row_selects_not_the_order_they_come_in(
+    layer_run, hooked, change
+):
+    """Off a GPU, a top-k that hands each row's tokens in a new order at every call (as SGLang's
+    JIT top-k may: its output slots are reserved by atomics) leaves the arms equal, the layer
+    sorting each row before the attention; one whose selected set changes from call to call
+    (each call drops another of a row's first two tokens) fails the comparison on the top-k."""
+    calls = []
+
+    def top_k(scores, seq_lens, page_tables, out, page_size, metadata):
+        original(scores, seq_lens, page_tables, out, page_size, metadata)
+        calls.append(None)
+        if change == "order":
+            order = torch.randperm(
+                out.shape[1], generator=torch.Generator().manual_seed(len(calls))
+            )
+            out.copy_(out[:, order])
+        else:
+            out[:, len(calls) % 2] = -1
+
+    original = dsa_layer.paged_topk_stand_in
+    hooked.setattr(dsa_layer, "paged_topk_stand_in", top_k)
+    report = layer_run("cpu", None, rounds=3)
+    assert calls, "the top-k stand-in never ran"
+    if change == "order":
+        assert report.mismatches == []
+    else:
+        assert any(line.endswith("top-k") for line in report.mismatches), report.mismatches

@@ -36,7 +36,8 @@ set of tokens each row selects. On a GPU the two arms' top-k and output differed
 plain-decode rounds and 10 of 16 target-verify rounds with every metadata word equal: SGLang's
 JIT top-k reserves each selected index's output slot with an ``atomicAdd`` (``topk_v2.cuh``), so
 a row's set most likely came out in orders that differ, and FlashMLA's rounding follows the order;
-a difference of the sets still fails the comparison.
+a difference of the sets still fails the comparison, and the reads that differ in order alone are
+counted (:attr:`Report.reordered`).
 
 Off a GPU, besides (:func:`cpu_stand_ins`): SGLang's JIT top-k and ``concat_mla_absorb_q_general``
 and FlashMLA's sparse decode, as deterministic torch functions of every input they read.
@@ -60,6 +61,8 @@ from support.constants import SMS
 LAYER_ID = 0  # the layer of kit.sglang_indexer
 # SGLang's FlashMLA interface module (it loads FlashMLA's CUDA library at import).
 FLASH_MLA_INTERFACE = "sglang.kernels.ops.attention.flash_mla_interface"
+# The layer's top-k as SGLang's top-k wrote it, before each row is sorted: reported, not compared.
+HANDED = "top-k as handed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +185,8 @@ class Layer:
 
     def forward(self, backend, batch, rows: int) -> dict[str, torch.Tensor]:
         """The layer's attention for the ``rows`` query rows of ``batch`` on ``backend`` (its
-        forward metadata already prepared): {"top-k": the indexer's token indices, "output": the
+        forward metadata already prepared): {"top-k": the indexer's token indices, each row
+        sorted, :data:`HANDED`: the same in the order SGLang's top-k wrote them, "output": the
         attention output}."""
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
@@ -199,7 +203,7 @@ class Layer:
             # Each row's indices in one order (descending: the -1s last, as SGLang pads them):
             # SGLang's JIT top-k need not hand a row's set in a fixed order, and the attention's
             # rounding follows the order.
-            topk = topk.sort(dim=-1, descending=True).values
+            handed, topk = topk, topk.sort(dim=-1, descending=True).values
             attend = (
                 backend.forward_decode if batch.forward_mode.is_decode() else backend.forward_extend
             )
@@ -213,7 +217,7 @@ class Layer:
                 q_rope=inputs.q_rope[:rows],
                 topk_indices=topk,
             )
-        return {"top-k": topk, "output": output}
+        return {"top-k": topk, HANDED: handed, "output": output}
 
 
 def runner_forward(layer: Layer):
@@ -244,7 +248,7 @@ def differences(on, off, bs: int, *, stale: range = range(0)) -> list[tuple[str,
     left_out = tuple(f"step {i} " for i in stale)
     out = []
     for name in sorted(set(ours) | set(stock)):
-        if name.startswith(left_out):
+        if name.startswith(left_out) or name.endswith(HANDED):
             continue
         a, b = ours.get(name), stock.get(name)
         if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
@@ -252,6 +256,19 @@ def differences(on, off, bs: int, *, stale: range = range(0)) -> list[tuple[str,
             continue
         out.append((name, (_bits(a) != _bits(b)).any()))
     return out
+
+
+def reordered(on, off, bs: int, *, stale: range = range(0)) -> int:
+    """How many of the two arms' top-k reads of ``bs`` (those :func:`differences` compares) came
+    out of SGLang's top-k in different orders while equal sorted: the differences the sort
+    leaves out, counted to be reported."""
+    ours, stock = on.forward_reads[bs], off.forward_reads[bs]
+    count = 0
+    for name, differs in differences(on, off, bs, stale=stale):
+        if name.endswith("top-k") and not bool(differs):
+            handed = name.removesuffix("top-k") + HANDED
+            count += bool((ours[handed] != stock[handed]).any())
+    return count
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -345,6 +362,7 @@ class Report:
     ours_off: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     lengths: list[int] = dataclasses.field(default_factory=list)
     selected: int = 0  # top-k entries naming a token, over the plugin-on arm's replays
+    reordered: int = 0  # top-k reads equal sorted, in another order as SGLang's top-k wrote them
     finite: bool = True  # every attention output of the plugin-on arm finite
 
 
@@ -434,9 +452,9 @@ def run(
                         report.selected += int((value >= 0).sum())
                     else:
                         report.finite &= bool(value.isfinite().all())
-                pairs = differences(
-                    on.runners[op], off.runners[op], bs, stale=dsa_serving.stale_steps(off)
-                )
+                stale = dsa_serving.stale_steps(off)
+                pairs = differences(on.runners[op], off.runners[op], bs, stale=stale)
+                report.reordered += reordered(on.runners[op], off.runners[op], bs, stale=stale)
                 skip = dsa_serving.set_aside(off, op)
                 pairs += dsa_serving.differences(on.runners[op], off.runners[op], bs, skip=skip)
                 flags += [(op, name, differs) for name, differs in pairs]

@@ -64,6 +64,7 @@ def test_the_layer_reads_what_sglang_prepares_bit_for_bit_and_ours_prepared_it(
     report = layer_run(device, launch, glue=glue)
     print(f"{report.name}: bs {report.captured}, replays {dict(report.replays)}")
     print(f"top-k entries naming a token: {report.selected}")
+    print(f"top-k reads equal sorted, in another order as handed: {report.reordered}")
     print(f"our launches: plugin on {dict(report.ours)}, plugin off {dict(report.ours_off)}")
     assert report.mismatches == [], "\n".join(report.mismatches[:20])
     ops = ("target verify", "draft decode") if launch else (dsa_serving.DECODE,)
@@ -134,5 +135,6 @@ def test_the_comparison_sees_the_tokens_each_row_selects_not_the_order_they_come
     assert calls, "the top-k stand-in never ran"
     if change == "order":
         assert report.mismatches == []
+        assert report.reordered > 0, "the reordered reads went uncounted"
     else:
         assert any(line.endswith("top-k") for line in report.mismatches), report.mismatches

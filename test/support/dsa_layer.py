@@ -258,13 +258,13 @@ def differences(on, off, bs: int, *, stale: range = range(0)) -> list[tuple[str,
     return out
 
 
-def reordered(on, off, bs: int, *, stale: range = range(0)) -> int:
-    """How many of the two arms' top-k reads of ``bs`` (those :func:`differences` compares) came
-    out of SGLang's top-k in different orders while equal sorted: the differences the sort
-    leaves out, counted to be reported."""
+def reordered(on, off, bs: int, compared: list[tuple[str, object]]) -> int:
+    """How many of the two arms' top-k reads of ``bs`` that :func:`differences` ``compared`` equal
+    came out of SGLang's top-k in different orders: the differences the sort leaves out, counted
+    to be reported."""
     ours, stock = on.forward_reads[bs], off.forward_reads[bs]
     count = 0
-    for name, differs in differences(on, off, bs, stale=stale):
+    for name, differs in compared:
         if name.endswith("top-k") and not bool(differs):
             handed = name.removesuffix("top-k") + HANDED
             count += bool((ours[handed] != stock[handed]).any())
@@ -452,9 +452,10 @@ def run(
                         report.selected += int((value >= 0).sum())
                     else:
                         report.finite &= bool(value.isfinite().all())
-                stale = dsa_serving.stale_steps(off)
-                pairs = differences(on.runners[op], off.runners[op], bs, stale=stale)
-                report.reordered += reordered(on.runners[op], off.runners[op], bs, stale=stale)
+                pairs = differences(
+                    on.runners[op], off.runners[op], bs, stale=dsa_serving.stale_steps(off)
+                )
+                report.reordered += reordered(on.runners[op], off.runners[op], bs, pairs)
                 skip = dsa_serving.set_aside(off, op)
                 pairs += dsa_serving.differences(on.runners[op], off.runners[op], bs, skip=skip)
                 flags += [(op, name, differs) for name, differs in pairs]

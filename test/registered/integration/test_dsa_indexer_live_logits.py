@@ -59,23 +59,17 @@ UNHOOKED = {"split": paged_mqa_logits.deepgemm_paged_mqa_logits_split}
 
 @pytest.fixture
 def torch_paged_mqa(monkeypatch):
-    """SGLang resolves its torch paged-MQA logits (``SGLANG_FP8_PAGED_MQA_LOGITS_TORCH``, which also
-    gives the device's SM count) and ``paged_mqa_schedule``, with top-k fusion off; its resolvers
-    are re-read before and after."""
-    monkeypatch.setenv("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1")
+    """SGLang resolves its torch paged-MQA logits (``dsa_backends.torch_logits``, which also gives
+    the device's SM count) and ``paged_mqa_schedule``, with top-k fusion off."""
     monkeypatch.setenv("SGLANG_DSA_FUSE_TOPK", "0")
-    resolvers = (dsa_utils.resolve_fp8_paged_mqa_logits_fn, dsa_utils.resolve_num_sms)
-    for resolver in resolvers:
-        resolver.cache_clear()
     monkeypatch.setattr(
         dsa_indexer, "resolve_paged_mqa_logits_metadata_fn", lambda: paged_mqa_schedule
     )
     override = get_context().override_server_args()
     override.install()
-    yield
+    with kit.torch_logits():
+        yield
     override.restore()
-    for resolver in resolvers:
-        resolver.cache_clear()
 
 
 def build_indexer(*, sm_count=SM_COUNT, **config):
